@@ -1,0 +1,66 @@
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+/// The source of wall-clock time for token expiry decisions and the signed `date` header.
+///
+/// Production code uses [`SystemClock`]; tests share one [`ManualClock`] between the
+/// provider and the emulator so refresh boundaries can be tested without sleeping.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current wall-clock time.
+    fn now(&self) -> SystemTime;
+}
+
+/// A clock handle shared across layers.
+pub type SharedClock = Arc<dyn Clock>;
+
+/// The operating system's clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that only moves when told to.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use oci_csi_auth::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_672_954_300));
+/// clock.advance(Duration::from_secs(60));
+/// assert_eq!(clock.now(), UNIX_EPOCH + Duration::from_secs(1_672_954_360));
+/// ```
+#[derive(Debug)]
+pub struct ManualClock {
+    now: Mutex<SystemTime>,
+}
+
+impl ManualClock {
+    /// A clock stopped at `now`.
+    pub fn new(now: SystemTime) -> Self {
+        Self {
+            now: Mutex::new(now),
+        }
+    }
+
+    /// Sets the time.
+    pub fn set(&self, now: SystemTime) {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    }
+
+    /// Moves the time forward.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
