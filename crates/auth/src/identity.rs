@@ -80,9 +80,6 @@ mod tests {
         };
         assert_ne!(a, b);
         assert_eq!(a.kind(), "workload");
-        assert_eq!(
-            a.to_string(),
-            "workload identity of service account ns/sa"
-        );
+        assert_eq!(a.to_string(), "workload identity of service account ns/sa");
     }
 }

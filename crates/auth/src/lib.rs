@@ -1,14 +1,32 @@
-//! OCI identities and the clock shared by the principals and the test emulator.
+//! OCI request signing, RSA private keys, identities and the clock shared by the principals
+//! and the test emulator.
 //!
-//! This crate will hold OCI request signing (a tower `Layer`) and the three principals
-//! (user API key, instance principal, OKE workload identity). The contracts other crates
-//! build on are already here: [`Identity`], the key under which every credential and every
-//! cached value is stored, and [`Clock`], the source of "now" for token expiry and the
-//! signed `date` header, which tests replace with a [`ManualClock`].
+//! - [`SigningLayer`] signs every outgoing `http::Request<Bytes>` per the OCI profile of
+//!   HTTP signatures (spec section 1), with the key id and private key that a
+//!   [`Credentials`] implementation (a principal) supplies for the request's [`Identity`].
+//! - [`PrivateKey`] loads RSA keys in every PEM form the Go provider accepts (PKCS#1,
+//!   PKCS#8, OpenSSL's legacy encryption) plus encrypted PKCS#8, generates session keys,
+//!   and signs.
+//! - [`Identity`] is the key under which every credential and every cached value is stored;
+//!   [`Clock`] is the source of "now" for token expiry and the signed `date` header, which
+//!   tests replace with a [`ManualClock`].
+//!
+//! The principals (user API key, instance principal, OKE workload identity) will implement
+//! [`Credentials`].
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod clock;
+mod error;
 mod identity;
+mod key;
+mod signing;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use error::{AuthError, BoxError};
 pub use identity::Identity;
+pub use key::{KeyError, PrivateKey};
+pub use signing::{
+    BoxFuture, Credentials, EMPTY_BODY_SHA256, KeyId, SignatureProfile, Signing, SigningKey,
+    SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request, sign_request,
+    signing_string,
+};
