@@ -1106,3 +1106,49 @@ async fn emulator_shuts_down_its_listeners_on_drop() {
     }
     assert!(refused);
 }
+
+#[tokio::test]
+async fn example_seed_file_parses_and_starts() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/seed.toml"))
+        .unwrap();
+    let seed: Seed = toml::from_str(&text).unwrap();
+    assert_eq!(seed.secrets.len(), 2);
+    assert_eq!(
+        seed.secrets[1].versions[0].content.0,
+        [0, 159, 146, 150, 240, 10, 255]
+    );
+    let emu = Emulator::start(seed, Arc::new(auth::SystemClock))
+        .await
+        .unwrap();
+    let token = emu
+        .issue_service_account_token("demo", "demo-app", Duration::from_secs(900), None)
+        .unwrap();
+    let session = RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
+    let rpst = exchange(&emu, &token, &session).await;
+    let host = emu.addr(Endpoint::Secrets).to_string();
+    let target = "/20190301/secretbundles/actions/getByName?secretName=tls-key&vaultId=ocid1.vault.oc1.iad.demo";
+    let req = Unsigned::new("POST", target, &host, emu.now()).sign(&format!("ST${rpst}"), &session);
+    let r = send(&emu, Endpoint::Secrets, req).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["secretBundleContent"]["content"], "AJ+SlvAK/w==");
+}
+
+#[tokio::test]
+async fn secrets_over_http2_signs_the_authority_as_host() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    let host = emu.addr(Endpoint::Secrets).to_string();
+    let target =
+        format!("/20190301/secretbundles/actions/getByName?secretName=db-password&vaultId={VAULT}");
+    let mut conn = connect(&emu, Endpoint::Secrets, &[b"h2"]).await;
+    assert!(conn.is_h2());
+    // Over HTTP/2 the signed host comes from :authority.
+    let u = Unsigned::new("POST", &format!("https://{host}{target}"), &host, emu.now());
+    let mut signed = u.clone();
+    signed.target = target.clone();
+    let sig = client::rsa_sign(&vector_key(), signed.signing_string().as_bytes());
+    let mut req = signed.build(&signed.authorization(&key_id(), &sig));
+    *req.uri_mut() = format!("https://{host}{target}").parse().unwrap();
+    req.headers_mut().remove("host");
+    let r = conn.send(req).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+}
