@@ -135,6 +135,20 @@ pub(crate) async fn bind() -> std::io::Result<TcpListener> {
     TcpListener::bind(("127.0.0.1", 0)).await
 }
 
+/// Decrements the open-connection gauge when the connection task ends, even by panic.
+struct OpenGuard {
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.shared
+            .counters
+            .listener(self.endpoint, |l| l.open = l.open.saturating_sub(1));
+    }
+}
+
 /// Accepts connections until shutdown.
 pub(crate) async fn serve(shared: Arc<Shared>, endpoint: Endpoint, listener: TcpListener) {
     loop {
@@ -147,10 +161,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, endpoint: Endpoint, listener: Tcp
                     l.open += 1;
                     l.high_water = l.high_water.max(l.open);
                 });
-                let shared = shared.clone();
+                let open = OpenGuard { shared: shared.clone(), endpoint };
                 tokio::spawn(async move {
-                    connection(shared.clone(), endpoint, tcp).await;
-                    shared.counters.listener(endpoint, |l| l.open = l.open.saturating_sub(1));
+                    connection(open.shared.clone(), endpoint, tcp).await;
+                    drop(open);
                 });
             }
             _ = until_shutdown(&shared) => return,
