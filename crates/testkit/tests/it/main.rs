@@ -1152,3 +1152,60 @@ async fn secrets_over_http2_signs_the_authority_as_host() {
     let r = conn.send(req).await.unwrap();
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
 }
+
+#[tokio::test]
+async fn failed_tls_handshakes_are_counted_separately() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    // A client that trusts another CA aborts the handshake.
+    let other = Emulator::start(Seed::default(), Arc::new(auth::SystemClock))
+        .await
+        .unwrap();
+    let connector =
+        tokio_rustls::TlsConnector::from(client::tls_config(other.ca_pem(), &[b"http/1.1"]));
+    let tcp = tokio::net::TcpStream::connect(emu.addr(Endpoint::Auth))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    assert!(connector.connect(name, tcp).await.is_err());
+    let s = emu
+        .wait_for(WAIT, |s| {
+            let l = s.listener(Endpoint::Auth);
+            l.tls_handshake_failures == 1 && l.open == 0
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.listener(Endpoint::Auth).tls_handshakes, 0);
+    assert_eq!(s.listener(Endpoint::Auth).accepted, 1);
+}
+
+#[tokio::test]
+async fn wait_for_times_out_with_the_last_counters() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    let err = emu
+        .wait_for(Duration::from_millis(50), |s| {
+            s.arrived(Endpoint::Secrets) == 1
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.1.arrived(Endpoint::Secrets), 0);
+}
+
+#[tokio::test]
+async fn inconsistent_seeds_are_rejected() {
+    let clock = Arc::new(auth::SystemClock);
+    let bad_stage =
+        Seed::default().secret(SecretSeed::new("s", "v", "n").version(1, "x", &["current"]));
+    assert!(Emulator::start(bad_stage, clock.clone()).await.is_err());
+    let duplicate = Seed::default().secret(
+        SecretSeed::new("s", "v", "n")
+            .version(1, "x", &["CURRENT"])
+            .version(1, "y", &[]),
+    );
+    assert!(Emulator::start(duplicate, clock.clone()).await.is_err());
+    let bad_key = Seed::default().user(UserSeed {
+        tenancy: "t".into(),
+        user: "u".into(),
+        public_key_pem: "not a pem".into(),
+    });
+    assert!(Emulator::start(bad_key, clock).await.is_err());
+}
