@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .build_transport(false)
         .compile_fds(descriptors)?;
     Ok(())
 }

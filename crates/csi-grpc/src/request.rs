@@ -1,0 +1,416 @@
+use std::collections::BTreeMap;
+use std::fmt;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::error::MountError;
+use crate::proto;
+
+/// The attribute (and NodePublish secret) key under which kubelet hands over the pod's
+/// service-account tokens (spec 3.7).
+pub const SERVICE_ACCOUNT_TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+const POD_NAME_KEY: &str = "csi.storage.k8s.io/pod.name";
+const POD_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pod.namespace";
+const POD_UID_KEY: &str = "csi.storage.k8s.io/pod.uid";
+const SERVICE_ACCOUNT_NAME_KEY: &str = "csi.storage.k8s.io/serviceAccount.name";
+
+/// Highest file mode the contract allows (0777).
+const MAX_FILE_MODE: u32 = 0o777;
+
+/// A mount request, typed and validated at the edge.
+///
+/// Credentials are separated from plain parameters: [`MountRequest::attributes`] never
+/// holds the service-account tokens, which live only in [`MountRequest::service_account_tokens`]
+/// as secret values; NodePublish secrets are secret values too.
+#[derive(Debug)]
+pub struct MountRequest {
+    /// SecretProviderClass parameters and the driver's volume context, without credentials.
+    pub attributes: BTreeMap<String, String>,
+    /// The pod the volume belongs to, from the `csi.storage.k8s.io/*` attributes.
+    pub pod: Pod,
+    /// Tokens kubelet issued for the pod's service account, by audience (empty when the
+    /// CSIDriver object requests none).
+    pub service_account_tokens: ServiceAccountTokens,
+    /// The NodePublish secrets (`nodePublishSecretRef`), without the tokens entry.
+    pub node_publish_secrets: BTreeMap<String, SecretString>,
+    /// The mode for every file.
+    pub file_mode: FileMode,
+    /// Versions the driver currently has (drivers before v1.6 send them on rotation).
+    pub current_object_versions: Vec<ObjectVersion>,
+    /// When the driver stops waiting: the request's `grpc-timeout`, capped by configuration.
+    pub deadline: Instant,
+}
+
+/// The pod a mount is for. Fields are absent when the driver does not send pod information
+/// (`podInfoOnMount: false`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pod {
+    /// `csi.storage.k8s.io/pod.namespace`.
+    pub namespace: Option<String>,
+    /// `csi.storage.k8s.io/pod.name`.
+    pub name: Option<String>,
+    /// `csi.storage.k8s.io/pod.uid`.
+    pub uid: Option<String>,
+    /// `csi.storage.k8s.io/serviceAccount.name`.
+    pub service_account: Option<String>,
+}
+
+/// The file mode of the mounted files, 0 to 0o777.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMode(u32);
+
+impl FileMode {
+    /// A mode, if it is within 0..=0o777.
+    pub fn new(mode: u32) -> Option<Self> {
+        (mode <= MAX_FILE_MODE).then_some(Self(mode))
+    }
+
+    /// The numeric mode.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// An object's identifier and version, as the driver records them in the
+/// SecretProviderClassPodStatus.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectVersion {
+    /// Object identifier.
+    pub id: String,
+    /// Object version.
+    pub version: String,
+}
+
+/// A service-account token issued by kubelet for one audience.
+#[derive(Clone)]
+pub struct ServiceAccountToken {
+    /// The JWT.
+    pub token: SecretString,
+    /// When kubelet says it expires (RFC 3339), if given.
+    pub expiration_timestamp: Option<String>,
+}
+
+impl fmt::Debug for ServiceAccountToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceAccountToken")
+            .field("token", &"[redacted]")
+            .field("expiration_timestamp", &self.expiration_timestamp)
+            .finish()
+    }
+}
+
+/// The service-account tokens of a mount, by audience (`""` is the API server's default).
+#[derive(Clone, Debug, Default)]
+pub struct ServiceAccountTokens(BTreeMap<String, ServiceAccountToken>);
+
+impl ServiceAccountTokens {
+    /// The token for `audience`, if kubelet issued one.
+    pub fn get(&self, audience: &str) -> Option<&ServiceAccountToken> {
+        self.0.get(audience)
+    }
+
+    /// Whether there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The audiences present.
+    pub fn audiences(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+}
+
+impl MountRequest {
+    /// Translates the driver's request. `deadline` was already computed from the call's
+    /// `grpc-timeout`.
+    ///
+    /// Error messages name the field and where parsing failed, but never quote the
+    /// `secrets` field or the tokens, which carry credentials.
+    pub fn from_proto(request: proto::MountRequest, deadline: Instant) -> Result<Self, MountError> {
+        let mut attributes = parse_attributes(&request.attributes)?;
+        let mut node_publish_secrets = parse_secrets(&request.secrets)?;
+        let tokens_json = match node_publish_secrets.remove(SERVICE_ACCOUNT_TOKENS_KEY) {
+            Some(from_secrets) => {
+                attributes.remove(SERVICE_ACCOUNT_TOKENS_KEY);
+                Some(from_secrets)
+            }
+            None => attributes
+                .remove(SERVICE_ACCOUNT_TOKENS_KEY)
+                .map(SecretString::from),
+        };
+        let service_account_tokens = match tokens_json {
+            Some(json) => parse_tokens(json.expose_secret())?,
+            None => ServiceAccountTokens::default(),
+        };
+        let file_mode = parse_permission(&request.permission)?;
+        let pod = Pod {
+            namespace: attributes.get(POD_NAMESPACE_KEY).cloned(),
+            name: attributes.get(POD_NAME_KEY).cloned(),
+            uid: attributes.get(POD_UID_KEY).cloned(),
+            service_account: attributes.get(SERVICE_ACCOUNT_NAME_KEY).cloned(),
+        };
+        let current_object_versions = request
+            .current_object_version
+            .into_iter()
+            .map(|v| ObjectVersion {
+                id: v.id,
+                version: v.version,
+            })
+            .collect();
+        Ok(Self {
+            attributes,
+            pod,
+            service_account_tokens,
+            node_publish_secrets,
+            file_mode,
+            current_object_versions,
+            deadline,
+        })
+    }
+}
+
+/// Where a JSON document stopped parsing, without quoting it.
+fn json_position(err: &serde_json::Error) -> String {
+    let what = match err.classify() {
+        serde_json::error::Category::Io => "read error",
+        serde_json::error::Category::Syntax => "syntax error",
+        serde_json::error::Category::Data => "unexpected value",
+        serde_json::error::Category::Eof => "unexpected end of input",
+    };
+    format!("{what} at line {} column {}", err.line(), err.column())
+}
+
+fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> {
+    const PREFIX: &str =
+        "failed to unmarshal SecretProviderClass parameters or attributes provided by driver";
+    let object: serde_json::Map<String, Value> = serde_json::from_str(json).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "{PREFIX}: attributes must be a JSON object of strings ({})",
+            json_position(&e)
+        ))
+    })?;
+    let mut attributes = BTreeMap::new();
+    for (key, value) in object {
+        match value {
+            Value::String(s) => {
+                attributes.insert(key, s);
+            }
+            // The value is not quoted: the tokens attribute carries credentials.
+            other => {
+                return Err(MountError::invalid_argument(format!(
+                    "{PREFIX}: attribute {key:?} must be a string, not {}",
+                    json_type(&other)
+                )));
+            }
+        }
+    }
+    Ok(attributes)
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountError> {
+    let trimmed = json.trim();
+    if trimmed.is_empty() || trimmed == "null" {
+        return Ok(BTreeMap::new());
+    }
+    let object: serde_json::Map<String, Value> = serde_json::from_str(trimmed).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
+            json_position(&e)
+        ))
+    })?;
+    let mut secrets = BTreeMap::new();
+    for (key, value) in object {
+        match value {
+            Value::String(s) => {
+                secrets.insert(key, SecretString::from(s));
+            }
+            other => {
+                return Err(MountError::invalid_argument(format!(
+                    "failed to unmarshal node publish secrets: entry {key:?} must be a string, not {}",
+                    json_type(&other)
+                )));
+            }
+        }
+    }
+    Ok(secrets)
+}
+
+#[derive(Deserialize)]
+struct RawToken {
+    token: String,
+    #[serde(rename = "expirationTimestamp", default)]
+    expiration_timestamp: Option<String>,
+}
+
+fn parse_tokens(json: &str) -> Result<ServiceAccountTokens, MountError> {
+    let raw: BTreeMap<String, RawToken> = serde_json::from_str(json).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "{SERVICE_ACCOUNT_TOKENS_KEY} must be a JSON object mapping each audience to \
+             {{\"token\", \"expirationTimestamp\"}} ({})",
+            json_position(&e)
+        ))
+    })?;
+    Ok(ServiceAccountTokens(
+        raw.into_iter()
+            .map(|(audience, t)| {
+                (
+                    audience,
+                    ServiceAccountToken {
+                        token: SecretString::from(t.token),
+                        expiration_timestamp: t.expiration_timestamp,
+                    },
+                )
+            })
+            .collect(),
+    ))
+}
+
+fn parse_permission(permission: &str) -> Result<FileMode, MountError> {
+    let trimmed = permission.trim();
+    let mode = (!trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| trimmed.parse::<u32>().ok())
+        .flatten()
+        .and_then(FileMode::new);
+    mode.ok_or_else(|| {
+        MountError::invalid_argument(format!(
+            "failed to unmarshal file permission: {permission:?} is not a decimal file mode \
+             between 0 and 511 (0777)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn request(attributes: &str, secrets: &str, permission: &str) -> proto::MountRequest {
+        proto::MountRequest {
+            attributes: attributes.into(),
+            secrets: secrets.into(),
+            target_path: "/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/v/mount".into(),
+            permission: permission.into(),
+            current_object_version: vec![proto::ObjectVersion {
+                id: "a".into(),
+                version: "1".into(),
+            }],
+        }
+    }
+
+    fn translate(
+        attributes: &str,
+        secrets: &str,
+        permission: &str,
+    ) -> Result<MountRequest, MountError> {
+        MountRequest::from_proto(request(attributes, secrets, permission), Instant::now())
+    }
+
+    #[test]
+    fn translates_a_driver_request() {
+        let attrs = serde_json::json!({
+            "secrets": "- name: a\n",
+            "csi.storage.k8s.io/pod.name": "p",
+            "csi.storage.k8s.io/pod.namespace": "ns",
+            "csi.storage.k8s.io/pod.uid": "u",
+            "csi.storage.k8s.io/serviceAccount.name": "sa",
+        })
+        .to_string();
+        let req = translate(&attrs, "{}", "420").unwrap();
+        assert_eq!(req.file_mode.get(), 420);
+        assert_eq!(req.pod.namespace.as_deref(), Some("ns"));
+        assert_eq!(req.pod.service_account.as_deref(), Some("sa"));
+        assert_eq!(req.attributes["secrets"], "- name: a\n");
+        assert_eq!(req.current_object_versions.len(), 1);
+        assert!(req.service_account_tokens.is_empty());
+    }
+
+    #[test]
+    fn accepts_empty_and_null_node_publish_secrets() {
+        for secrets in ["", "null", "{}", "  "] {
+            assert!(
+                translate("{}", secrets, "420")
+                    .unwrap()
+                    .node_publish_secrets
+                    .is_empty()
+            );
+        }
+    }
+
+    #[test]
+    fn takes_tokens_from_secrets_first_and_removes_them_from_attributes() {
+        let from_attr =
+            r#"{"":{"token":"attr-token","expirationTimestamp":"2026-01-01T00:00:00Z"}}"#;
+        let from_secret = r#"{"":{"token":"secret-token"}}"#;
+        let attrs = serde_json::json!({ SERVICE_ACCOUNT_TOKENS_KEY: from_attr }).to_string();
+        let secrets = serde_json::json!({ SERVICE_ACCOUNT_TOKENS_KEY: from_secret }).to_string();
+
+        let req = translate(&attrs, &secrets, "420").unwrap();
+        assert_eq!(
+            req.service_account_tokens
+                .get("")
+                .unwrap()
+                .token
+                .expose_secret(),
+            "secret-token"
+        );
+        assert!(!req.attributes.contains_key(SERVICE_ACCOUNT_TOKENS_KEY));
+        assert!(req.node_publish_secrets.is_empty());
+
+        let req = translate(&attrs, "{}", "420").unwrap();
+        let token = req.service_account_tokens.get("").unwrap();
+        assert_eq!(token.token.expose_secret(), "attr-token");
+        assert!(!format!("{req:?}").contains("attr-token"));
+    }
+
+    #[test]
+    fn refuses_malformed_fields_naming_them() {
+        let cases = [
+            ("[]", "{}", "420", "attributes must be a JSON object"),
+            (
+                "{\"a\": 1}",
+                "{}",
+                "420",
+                "attribute \"a\" must be a string, not a number",
+            ),
+            ("{", "{}", "420", "unexpected end of input"),
+            ("{}", "[1]", "420", "node publish secrets"),
+            ("{}", "{}", "", "file permission"),
+            ("{}", "{}", "512", "\"512\" is not a decimal file mode"),
+            ("{}", "{}", "-1", "file permission"),
+            ("{}", "{}", "0o644", "file permission"),
+        ];
+        for (attributes, secrets, permission, fragment) in cases {
+            let err = translate(attributes, secrets, permission).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+            assert!(
+                err.message().contains(fragment),
+                "{attributes} {permission}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused_without_quoting_them() {
+        let attrs = serde_json::json!({ SERVICE_ACCOUNT_TOKENS_KEY: "{\"\":\"eyJsecret-token\"}" })
+            .to_string();
+        let err = translate(&attrs, "{}", "420").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(err.message().contains(SERVICE_ACCOUNT_TOKENS_KEY));
+        assert!(!err.message().contains("eyJsecret-token"), "{err}");
+    }
+}

@@ -1,0 +1,374 @@
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use prost::Message;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+use tracing::Instrument;
+
+use crate::error::{ErrorKind, MountError};
+use crate::listener::{Listener, ListenerKind, remove_own_socket};
+use crate::path::validate_file_set;
+use crate::proto;
+use crate::proto::csi_driver_provider_server::{CsiDriverProvider, CsiDriverProviderServer};
+use crate::request::MountRequest;
+use crate::response::MountResponse;
+
+/// What `Version` answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `runtime_name`, e.g. `oci-secrets-store-csi-driver-provider`.
+    pub runtime_name: String,
+    /// `runtime_version`, a semver version.
+    pub runtime_version: String,
+}
+
+/// Bounds applied to every mount.
+#[derive(Clone, Debug)]
+pub struct MountLimits {
+    /// Mounts served at once; beyond it a mount is refused with `ResourceExhausted` so the
+    /// driver retries later instead of the node falling over.
+    pub max_in_flight: usize,
+    /// Deadline when the driver sends no `grpc-timeout`.
+    pub default_deadline: Duration,
+    /// Upper bound of any deadline.
+    pub max_deadline: Duration,
+    /// Largest encoded response; the driver refuses messages above 4 MiB by default.
+    pub max_response_bytes: usize,
+}
+
+impl Default for MountLimits {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            default_deadline: Duration::from_secs(60),
+            max_deadline: Duration::from_secs(60),
+            max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,
+        }
+    }
+}
+
+/// The `CSIDriverProvider` gRPC service around an inner mount service `S`.
+#[derive(Debug, Clone)]
+pub struct CsiProvider<S> {
+    inner: S,
+    info: Arc<ServerInfo>,
+    limits: Arc<MountLimits>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl<S> CsiProvider<S> {
+    /// Serves `inner` with `info` for `Version` and `limits` for every mount.
+    pub fn new(inner: S, info: ServerInfo, limits: MountLimits) -> Self {
+        let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+        Self {
+            inner,
+            info: Arc::new(info),
+            limits: Arc::new(limits),
+            in_flight,
+        }
+    }
+
+    /// The tonic service to add to a server.
+    pub fn into_service(self) -> CsiDriverProviderServer<Self>
+    where
+        S: Service<MountRequest, Response = MountResponse, Error = MountError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        CsiDriverProviderServer::new(self)
+    }
+}
+
+/// Parses a `grpc-timeout` header value (`<1..8 digits><H|M|S|m|u|n>`).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+impl<S> CsiProvider<S>
+where
+    S: Service<MountRequest, Response = MountResponse, Error = MountError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    fn deadline(&self, metadata: &tonic::metadata::MetadataMap) -> Duration {
+        let requested = metadata
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .unwrap_or(self.limits.default_deadline);
+        requested.min(self.limits.max_deadline)
+    }
+
+    async fn mount(
+        &self,
+        request: tonic::Request<proto::MountRequest>,
+    ) -> Result<proto::MountResponse, MountError> {
+        let _permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            MountError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "too many mounts in flight on this node (limit {}); the driver will retry",
+                    self.limits.max_in_flight
+                ),
+            )
+        })?;
+        let budget = self.deadline(request.metadata());
+        // Answer a little before the caller gives up, so it reads our message rather than
+        // its own timeout (tonic would otherwise answer Cancelled at the same instant).
+        let margin = (budget / 20).min(Duration::from_secs(1));
+        let deadline = Instant::now() + budget - margin;
+        let request = MountRequest::from_proto(request.into_inner(), deadline)?;
+        let span = tracing::info_span!(
+            "mount",
+            pod.namespace = request.pod.namespace.as_deref().unwrap_or(""),
+            pod.name = request.pod.name.as_deref().unwrap_or(""),
+            spc = request
+                .attributes
+                .get("secretProviderClass")
+                .map(String::as_str)
+                .unwrap_or(""),
+        );
+        let mut inner = self.inner.clone();
+        let call = async move {
+            inner.ready().await?;
+            inner.call(request).await
+        };
+        // A panic in the inner service must not take the connection (or the process) down:
+        // it becomes an Internal error for this one mount.
+        let guarded = AssertUnwindSafe(call.instrument(span)).catch_unwind();
+        let response = match tokio::time::timeout_at(deadline, guarded).await {
+            Err(_) => {
+                return Err(MountError::new(
+                    ErrorKind::DeadlineExceeded,
+                    format!("mount did not finish within its deadline of {budget:?}"),
+                ));
+            }
+            Ok(Err(_panic)) => {
+                tracing::error!("mount service panicked");
+                return Err(MountError::internal(
+                    "internal error: the mount service panicked",
+                ));
+            }
+            Ok(Ok(result)) => result?,
+        };
+        self.to_proto(response)
+    }
+
+    fn to_proto(&self, response: MountResponse) -> Result<proto::MountResponse, MountError> {
+        validate_file_set(response.files.iter().map(|f| &f.path))
+            .map_err(|e| MountError::invalid_argument(e.to_string()))?;
+        if response.object_versions.is_empty() {
+            return Err(MountError::internal(
+                "internal error: the mount service returned no object versions, which the driver refuses",
+            ));
+        }
+        let out = proto::MountResponse {
+            object_version: response
+                .object_versions
+                .into_iter()
+                .map(|v| proto::ObjectVersion {
+                    id: v.id,
+                    version: v.version,
+                })
+                .collect(),
+            error: None,
+            files: response
+                .files
+                .into_iter()
+                .map(|f| proto::File {
+                    path: f.path.as_str().to_owned(),
+                    // At most 0o777 by construction of FileMode.
+                    mode: i32::try_from(f.mode.get()).unwrap_or(0o444),
+                    contents: f.contents.as_bytes().to_vec(),
+                })
+                .collect(),
+        };
+        let size = out.encoded_len();
+        if size > self.limits.max_response_bytes {
+            return Err(MountError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "the mounted files take {size} bytes, more than the limit of {} bytes \
+                     (the driver refuses responses above --max-call-recv-msg-size, 4 MiB by default)",
+                    self.limits.max_response_bytes
+                ),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[tonic::async_trait]
+impl<S> CsiDriverProvider for CsiProvider<S>
+where
+    S: Service<MountRequest, Response = MountResponse, Error = MountError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    async fn version(
+        &self,
+        _request: tonic::Request<proto::VersionRequest>,
+    ) -> Result<tonic::Response<proto::VersionResponse>, tonic::Status> {
+        Ok(tonic::Response::new(proto::VersionResponse {
+            version: crate::API_VERSION.to_owned(),
+            runtime_name: self.info.runtime_name.clone(),
+            runtime_version: self.info.runtime_version.clone(),
+        }))
+    }
+
+    async fn mount(
+        &self,
+        request: tonic::Request<proto::MountRequest>,
+    ) -> Result<tonic::Response<proto::MountResponse>, tonic::Status> {
+        let started = std::time::Instant::now();
+        match CsiProvider::mount(self, request).await {
+            Ok(response) => {
+                tracing::info!(
+                    files = response.files.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "mount succeeded"
+                );
+                Ok(tonic::Response::new(response))
+            }
+            Err(err) => {
+                tracing::warn!(
+                    code = %err.kind(),
+                    error = %err,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "mount failed"
+                );
+                Err(err.into())
+            }
+        }
+    }
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[error("gRPC server failed")]
+pub struct ServeError(#[source] tonic::transport::Error);
+
+/// Serves `provider` on `listener` until `shutdown` completes, then stops accepting, lets
+/// in-flight mounts finish for up to `grace`, and removes the socket if it is still ours.
+pub async fn serve<S, F>(
+    listener: Listener,
+    provider: CsiProvider<S>,
+    shutdown: F,
+    grace: Duration,
+) -> Result<(), ServeError>
+where
+    S: Service<MountRequest, Response = MountResponse, Error = MountError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        let _ = started_tx.send(());
+        let _ = stop_rx.await;
+    };
+    // The server stops accepting as soon as `signal` resolves; `stop_tx` is dropped (which
+    // resolves `stop_rx`) right away so graceful draining starts immediately.
+    drop(stop_tx);
+    let router = tonic::transport::Server::builder().add_service(provider.into_service());
+    let (result, socket) = match listener.kind {
+        ListenerKind::Unix {
+            listener,
+            path,
+            identity,
+        } => {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let server = router.serve_with_incoming_shutdown(incoming, signal);
+            (
+                drain(server, started_rx, grace).await,
+                Some((path, identity)),
+            )
+        }
+        ListenerKind::Tcp(listener) => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let server = router.serve_with_incoming_shutdown(incoming, signal);
+            (drain(server, started_rx, grace).await, None)
+        }
+    };
+    if let Some((path, identity)) = socket {
+        remove_own_socket(&path, identity);
+    }
+    result
+}
+
+async fn drain(
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    shutdown_started: tokio::sync::oneshot::Receiver<()>,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return result.map_err(ServeError),
+        started = shutdown_started => {
+            if started.is_err() {
+                // The shutdown future was dropped without completing: serve until the end.
+                return server.await.map_err(ServeError);
+            }
+        }
+    }
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(result) => result.map_err(ServeError),
+        Err(_) => {
+            tracing::warn!(?grace, "grace period over; abandoning in-flight mounts");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_grpc_timeout("1500m"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse_grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "123456789S", "10x", "-1S", "1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad}");
+        }
+    }
+}

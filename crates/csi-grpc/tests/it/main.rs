@@ -1,0 +1,9 @@
+//! Integration tests of the CSI provider gRPC edge, through real Unix sockets.
+// Test helpers are shared between modules of this one test binary; they are not an API.
+#![allow(unreachable_pub, missing_debug_implementations)]
+
+mod support;
+
+mod lifecycle;
+mod mount;
+mod socket;

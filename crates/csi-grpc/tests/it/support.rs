@@ -1,0 +1,141 @@
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use secrets_store_csi_grpc::proto::csi_driver_provider_client::CsiDriverProviderClient;
+use secrets_store_csi_grpc::{
+    CsiProvider, Endpoint, Listener, MountError, MountLimits, MountRequest, MountResponse,
+    ServerInfo, serve,
+};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+pub type Client = CsiDriverProviderClient<Channel>;
+
+/// Connects like the driver does: over the Unix socket with `:authority localhost`.
+pub async fn connect(path: &Path) -> Client {
+    let path = path.to_owned();
+    let channel = tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap();
+    CsiDriverProviderClient::new(channel)
+}
+
+pub fn info() -> ServerInfo {
+    ServerInfo {
+        runtime_name: "test-provider".into(),
+        runtime_version: "1.2.3".into(),
+    }
+}
+
+/// A server running in the background, stopped by `stop`.
+pub struct Running {
+    pub path: PathBuf,
+    dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    pub done: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the server and hands back its directory, so the caller can look at what is left.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.done)
+            .await
+            .expect("server stops")
+            .unwrap();
+        self.dir
+    }
+
+    pub fn trigger_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn start<S>(inner: S, limits: MountLimits, grace: Duration) -> Running
+where
+    S: tower::Service<MountRequest, Response = MountResponse, Error = MountError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("provider.sock");
+    let listener = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let provider = CsiProvider::new(inner, info(), limits);
+    let done = tokio::spawn(async move {
+        serve(
+            listener,
+            provider,
+            async move {
+                let _ = stopped.await;
+            },
+            grace,
+        )
+        .await
+        .unwrap();
+    });
+    Running {
+        path,
+        dir,
+        stop: Some(stop),
+        done,
+    }
+}
+
+/// A mount request the way the driver builds one.
+pub fn driver_request(
+    attributes: serde_json::Value,
+) -> secrets_store_csi_grpc::proto::MountRequest {
+    secrets_store_csi_grpc::proto::MountRequest {
+        attributes: attributes.to_string(),
+        secrets: "{}".into(),
+        target_path: "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/v/mount".into(),
+        permission: "420".into(),
+        current_object_version: vec![],
+    }
+}
+
+/// Log lines captured from a tracing subscriber at trace level.
+#[derive(Clone, Default)]
+pub struct LogCapture(pub Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
