@@ -1,1 +1,13 @@
-//! placeholder
+//! The OCI Vault mount service for the Secrets Store CSI driver.
+//!
+//! `csi-grpc` hands this crate a typed [`csi_grpc::MountRequest`]; this crate reads the
+//! SecretProviderClass parameters of OCI ([`MountParameters`]), chooses the identity, and
+//! (once the auth and vault layers are wired) fetches each secret bundle and assembles the
+//! files and object versions. It is the only crate that knows both the CSI request and OCI.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod params;
+mod service;
+
+pub use params::{AuthSpec, MountParameters, ParamError, SecretSpec, Stage, VersionSelector};
+pub use service::OciMount;

@@ -1,0 +1,4 @@
+//! Parameter validation of the OCI mount service.
+
+mod params;
+mod proptests;
