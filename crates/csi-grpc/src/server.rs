@@ -52,6 +52,14 @@ impl Default for MountLimits {
     }
 }
 
+/// Told of every mount's start and outcome (for metrics); must not block.
+pub trait MountObserver: Send + Sync + std::fmt::Debug + 'static {
+    /// A mount was received.
+    fn mount_started(&self);
+    /// A mount finished: `Ok` or the kind of its error, and how long it took.
+    fn mount_finished(&self, outcome: Result<(), ErrorKind>, elapsed: Duration);
+}
+
 /// The `CSIDriverProvider` gRPC service around an inner mount service `S`.
 #[derive(Debug, Clone)]
 pub struct CsiProvider<S> {
@@ -59,6 +67,7 @@ pub struct CsiProvider<S> {
     info: Arc<ServerInfo>,
     limits: Arc<MountLimits>,
     in_flight: Arc<Semaphore>,
+    observer: Option<Arc<dyn MountObserver>>,
 }
 
 impl<S> CsiProvider<S> {
@@ -70,7 +79,14 @@ impl<S> CsiProvider<S> {
             info: Arc::new(info),
             limits: Arc::new(limits),
             in_flight,
+            observer: None,
         }
+    }
+
+    /// Reports every mount to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn MountObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The tonic service to add to a server.
@@ -248,7 +264,14 @@ where
         request: tonic::Request<proto::MountRequest>,
     ) -> Result<tonic::Response<proto::MountResponse>, tonic::Status> {
         let started = std::time::Instant::now();
-        match CsiProvider::mount(self, request).await {
+        if let Some(observer) = &self.observer {
+            observer.mount_started();
+        }
+        let result = CsiProvider::mount(self, request).await;
+        if let Some(observer) = &self.observer {
+            observer.mount_finished(result.as_ref().map(|_| ()).map_err(MountError::kind), started.elapsed());
+        }
+        match result {
             Ok(response) => {
                 tracing::info!(
                     files = response.files.len(),

@@ -6,8 +6,10 @@
 //! files and object versions. It is the only crate that knows both the CSI request and OCI.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod config;
 mod params;
 mod service;
 
+pub use config::{DEFAULT_INSTANCE_METADATA, Endpoints, HttpsUrl, MetadataUrl};
 pub use params::{AuthSpec, MountParameters, ParamError, SecretSpec, Stage, VersionSelector};
 pub use service::OciMount;

@@ -1,0 +1,500 @@
+//! Configuration: defaults < TOML file (`--config`) < SDK-compatible environment variables <
+//! `OCI_PROVIDER_*` environment variables < command-line flags.
+//!
+//! The environment is taken as a map, so tests never touch the process environment.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::flags::Flags;
+
+/// Prefix of the provider's own environment variables; `__` separates nested keys
+/// (`OCI_PROVIDER_SERVER__HEALTHZ_PORT`).
+pub const ENV_PREFIX: &str = "OCI_PROVIDER_";
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// OCI region (full id like `us-ashburn-1` or short code like `iad`). When unset the
+    /// principals find it: `OCI_RESOURCE_PRINCIPAL_REGION`, the user's config, or instance
+    /// metadata.
+    pub region: Option<String>,
+    /// The gRPC, health and metrics servers.
+    pub server: ServerConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Every remote endpoint, and the files that trust or authenticate them.
+    pub endpoints: provider::Endpoints,
+}
+
+/// The servers the provider runs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// `unix:///path` (what the driver dials) or `tcp://127.0.0.1:port` (debugging).
+    pub endpoint: String,
+    /// Mode of the Unix socket, octal (`"0600"`).
+    pub endpoint_permissions: OctalMode,
+    /// Address the health and metrics servers bind.
+    pub bind_address: std::net::IpAddr,
+    /// Port of `/health`, `/healthz` and `/readyz`.
+    pub healthz_port: u16,
+    /// Port of `/metrics`.
+    pub metrics_port: u16,
+    /// Metrics exporter; only `prometheus` is supported.
+    pub metrics_backend: String,
+    /// Accepted for compatibility with the Go provider's flags; not supported.
+    pub enable_pprof: bool,
+    /// Accepted for compatibility with the Go provider's flags; not used.
+    pub pprof_port: u16,
+    /// Mounts served at once; beyond it, `ResourceExhausted`.
+    pub max_in_flight_mounts: usize,
+    /// Upper bound of a mount's deadline in seconds (also the deadline when the driver
+    /// sends none).
+    pub mount_timeout_seconds: u64,
+    /// On SIGTERM, how long in-flight mounts may take to finish, in seconds.
+    pub shutdown_grace_seconds: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "unix:///opt/provider/sockets/oci.sock".into(),
+            endpoint_permissions: OctalMode(0o600),
+            bind_address: std::net::IpAddr::from([0, 0, 0, 0]),
+            healthz_port: 8098,
+            metrics_port: 8198,
+            metrics_backend: "prometheus".into(),
+            enable_pprof: false,
+            pprof_port: 6060,
+            max_in_flight_mounts: 64,
+            mount_timeout_seconds: 60,
+            shutdown_grace_seconds: 25,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A level (`info`) or a tracing filter directive (`info,oci_csi_auth=debug`).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A Unix file mode written in octal (`"0600"`, `"660"`, `"0o640"`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct OctalMode(pub u32);
+
+impl fmt::Debug for OctalMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
+impl OctalMode {
+    /// Parses octal digits with an optional `0o` prefix; at most 0777.
+    pub fn parse(s: &str) -> Option<Self> {
+        let digits = s.trim().trim_start_matches("0o");
+        if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+            return None;
+        }
+        u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o777).map(Self)
+    }
+}
+
+impl Serialize for OctalMode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{:04o}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for OctalMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Environment values arrive parsed ("0600" becomes the integer 600), so an integer
+        // is read as its decimal digits, which must be octal digits.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Number(u64),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Text(t) => t,
+            Raw::Number(n) => n.to_string(),
+        };
+        OctalMode::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not an octal file mode between \"0000\" and \"0777\" (write it as a string, e.g. \"0600\")"
+            ))
+        })
+    }
+}
+
+/// Why the configuration is unusable. The message names the key and where it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(String);
+
+impl Config {
+    /// Loads the configuration from its sources, in precedence order.
+    pub fn load(flags: &Flags, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = &flags.config {
+            if !path.is_file() {
+                return Err(ConfigError(format!(
+                    "configuration file {} (--config) does not exist or is not a file",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment
+            .merge(MapSource::sdk(env)?)
+            .merge(MapSource::prefixed(env))
+            .merge(MapSource::flags(flags));
+        let config: Config = figment.extract().map_err(|e| {
+            ConfigError(
+                e.into_iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.server
+            .endpoint
+            .parse::<csi_grpc::Endpoint>()
+            .map_err(|e| ConfigError(format!("server.endpoint (--endpoint): {e}")))?;
+        if self.server.metrics_backend != "prometheus" {
+            return Err(ConfigError(format!(
+                "server.metrics_backend (--metrics-backend): {:?} is not supported; use \"prometheus\"",
+                self.server.metrics_backend
+            )));
+        }
+        if self.server.max_in_flight_mounts == 0 {
+            return Err(ConfigError(
+                "server.max_in_flight_mounts must be at least 1".into(),
+            ));
+        }
+        if self.server.mount_timeout_seconds == 0 {
+            return Err(ConfigError(
+                "server.mount_timeout_seconds must be at least 1".into(),
+            ));
+        }
+        if let Some(region) = &self.region {
+            if region.is_empty() || region.contains(char::is_whitespace) {
+                return Err(ConfigError(format!(
+                    "region {region:?}: region can not be empty or have spaces"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parsed gRPC endpoint (validated by [`Config::load`]).
+    pub fn grpc_endpoint(&self) -> Result<csi_grpc::Endpoint, ConfigError> {
+        self.server
+            .endpoint
+            .parse()
+            .map_err(|e| ConfigError(format!("server.endpoint: {e}")))
+    }
+}
+
+/// A figment provider over values from environment variables or flags, naming each
+/// variable or flag in errors.
+struct MapSource {
+    name: &'static str,
+    dict: Dict,
+    /// Config key path (`server.healthz_port`) to the variable it came from.
+    sources: BTreeMap<String, String>,
+}
+
+impl MapSource {
+    /// `OCI_PROVIDER_*`: `OCI_PROVIDER_SERVER__HEALTHZ_PORT` -> `server.healthz_port`.
+    fn prefixed(env: &BTreeMap<String, String>) -> Self {
+        let mut map = MapSource {
+            name: "environment variable",
+            dict: Dict::new(),
+            sources: BTreeMap::new(),
+        };
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if path.iter().any(String::is_empty) {
+                continue;
+            }
+            let parsed: Value = value.parse().unwrap_or_else(|never| match never {});
+            map.insert(&path, parsed, var);
+        }
+        map
+    }
+
+    /// The variables the Go provider's SDK reads (spec 3.2, 4.1, 4.3), mapped to our keys.
+    fn sdk(env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut map = MapSource {
+            name: "SDK environment variable",
+            dict: Dict::new(),
+            sources: BTreeMap::new(),
+        };
+        if let Some(version) = env.get("OCI_RESOURCE_PRINCIPAL_VERSION") {
+            if version != "2.2" && version != "1.1" {
+                return Err(ConfigError(format!(
+                    "OCI_RESOURCE_PRINCIPAL_VERSION {version:?} must be valid: \"2.2\" or \"1.1\""
+                )));
+            }
+        }
+        if let Some(port) = env.get("KUBERNETES_SERVICE_PORT").filter(|v| !v.is_empty()) {
+            let port: u16 = port.parse().map_err(|_| {
+                ConfigError(format!(
+                    "KUBERNETES_SERVICE_PORT {port:?} is not a port number"
+                ))
+            })?;
+            map.insert(
+                &["endpoints".to_owned(), "kubernetes_service_port".to_owned()],
+                Value::from(port),
+                "KUBERNETES_SERVICE_PORT",
+            );
+        }
+        let strings: [(&str, &[&str]); 5] = [
+            ("OCI_RESOURCE_PRINCIPAL_REGION", &["region"]),
+            ("KUBERNETES_SERVICE_HOST", &["endpoints", "kubernetes_service_host"]),
+            ("OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH", &["endpoints", "proxymux_ca_file"]),
+            ("OCI_METADATA_BASE_URL", &["endpoints", "instance_metadata"]),
+            ("OCI_SDK_AUTH_CLIENT_REGION_URL", &["endpoints", "federation"]),
+        ];
+        for (var, path) in strings {
+            if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
+                let mut value = value.clone();
+                if var == "OCI_SDK_AUTH_CLIENT_REGION_URL" && !value.contains("://") {
+                    // The SDK assumes https when the scheme is left out.
+                    value = format!("https://{value}");
+                }
+                let path: Vec<String> = path.iter().map(|s| (*s).to_owned()).collect();
+                map.insert(&path, Value::from(value), var);
+            }
+        }
+        for (var, key) in [
+            ("OCI_REGION_METADATA", "region_metadata"),
+            ("OCI_DEFAULT_REALM", "default_realm"),
+        ] {
+            if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
+                map.insert(
+                    &["endpoints".to_owned(), key.to_owned()],
+                    Value::from(value.clone()),
+                    var,
+                );
+            }
+        }
+        Ok(map)
+    }
+
+    /// The flags given on the command line.
+    fn flags(flags: &Flags) -> Self {
+        let mut map = MapSource {
+            name: "command-line flag",
+            dict: Dict::new(),
+            sources: BTreeMap::new(),
+        };
+        for (flag, path, value) in flags.overrides() {
+            let path: Vec<String> = path.split('.').map(str::to_owned).collect();
+            map.insert(&path, value, flag);
+        }
+        map
+    }
+
+    fn insert(&mut self, path: &[String], value: Value, var: &str) {
+        self.sources.insert(path.join("."), var.to_owned());
+        let mut dict = &mut self.dict;
+        let (last, parents) = match path.split_last() {
+            Some(split) => split,
+            None => return,
+        };
+        for key in parents {
+            let entry = dict
+                .entry(key.clone())
+                .or_insert_with(|| Value::from(Dict::new()));
+            if !matches!(entry, Value::Dict(..)) {
+                *entry = Value::from(Dict::new());
+            }
+            dict = match entry {
+                Value::Dict(_, d) => d,
+                _ => return,
+            };
+        }
+        dict.insert(last.clone(), value);
+    }
+}
+
+impl Provider for MapSource {
+    fn metadata(&self) -> Metadata {
+        let sources = self.sources.clone();
+        Metadata::named(self.name).interpolater(move |_profile: &Profile, keys: &[&str]| {
+            let key = keys.join(".");
+            match sources.get(&key) {
+                Some(source) => format!("{key} ({source})"),
+                None => key,
+            }
+        })
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.dict.clone()))
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut all = vec!["provider".to_owned()];
+        all.extend(args.iter().map(|s| (*s).to_owned()));
+        Flags::parse_from_args(&all).unwrap()
+    }
+
+    fn env(vars: &[(&str, &str)]) -> BTreeMap<String, String> {
+        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn toml_file(content: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), content).unwrap();
+        file
+    }
+
+    #[test]
+    fn defaults_match_the_go_provider() {
+        let config = Config::load(&flags(&[]), &env(&[])).unwrap();
+        assert_eq!(config.server.endpoint, "unix:///opt/provider/sockets/oci.sock");
+        assert_eq!(config.server.endpoint_permissions, OctalMode(0o600));
+        assert_eq!(config.server.healthz_port, 8098);
+        assert_eq!(config.server.metrics_port, 8198);
+        assert_eq!(config.endpoints.instance_metadata.as_str(), "http://169.254.169.254/opc/v2");
+        assert_eq!(config.region, None);
+    }
+
+    #[test]
+    fn sources_apply_in_precedence_order() {
+        let file = toml_file(
+            "region = \"us-phoenix-1\"\n[server]\nhealthz_port = 1001\nmetrics_port = 1002\npprof_port = 1003\nendpoint_permissions = \"0640\"\n",
+        );
+        let path = file.path().to_str().unwrap();
+        let vars = env(&[
+            ("OCI_RESOURCE_PRINCIPAL_REGION", "us-ashburn-1"),
+            ("OCI_PROVIDER_SERVER__METRICS_PORT", "2002"),
+            ("OCI_PROVIDER_SERVER__PPROF_PORT", "2003"),
+            ("OCI_PROVIDER_SERVER__ENDPOINT_PERMISSIONS", "0660"),
+        ]);
+        let config = Config::load(&flags(&["--config", path, "-pprof-port=3003"]), &vars).unwrap();
+        assert_eq!(config.server.healthz_port, 1001, "file over defaults");
+        assert_eq!(config.region.as_deref(), Some("us-ashburn-1"), "SDK variable over file");
+        assert_eq!(config.server.metrics_port, 2002, "OCI_PROVIDER_ over file");
+        assert_eq!(config.server.pprof_port, 3003, "flag over environment");
+        assert_eq!(config.server.endpoint_permissions, OctalMode(0o660));
+
+        let config = Config::load(&flags(&[]), &env(&[("OCI_RESOURCE_PRINCIPAL_REGION", "iad"), ("OCI_PROVIDER_REGION", "fra")])).unwrap();
+        assert_eq!(config.region.as_deref(), Some("fra"), "OCI_PROVIDER_ over SDK variables");
+    }
+
+    #[test]
+    fn sdk_variables_fill_the_endpoints() {
+        let vars = env(&[
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH", "/etc/ca.pem"),
+            ("OCI_METADATA_BASE_URL", "http://127.0.0.1:9000/opc/v2"),
+            ("OCI_SDK_AUTH_CLIENT_REGION_URL", "127.0.0.1:9443"),
+            ("OCI_RESOURCE_PRINCIPAL_VERSION", "2.2"),
+            ("OCI_DEFAULT_REALM", "oraclecloud.com"),
+        ]);
+        let config = Config::load(&flags(&[]), &vars).unwrap();
+        let e = &config.endpoints;
+        assert_eq!(e.kubernetes_service_host.as_deref(), Some("10.96.0.1"));
+        assert_eq!(e.kubernetes_service_port, Some(443));
+        assert_eq!(e.proxymux_ca_file, std::path::PathBuf::from("/etc/ca.pem"));
+        assert_eq!(e.instance_metadata.as_str(), "http://127.0.0.1:9000/opc/v2");
+        assert_eq!(e.federation.as_ref().unwrap().as_str(), "https://127.0.0.1:9443");
+        assert_eq!(e.default_realm.as_deref(), Some("oraclecloud.com"));
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_source() {
+        let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, Option<&str>, Vec<&str>)> = vec![
+            (vec![], vec![("OCI_PROVIDER_SERVER__HEALTHZ_PORT", "eighty")], None, vec!["server.healthz_port", "OCI_PROVIDER_SERVER__HEALTHZ_PORT"]),
+            (vec![], vec![("OCI_PROVIDER_ENDPOINTS__SECRETS", "http://127.0.0.1:1")], None, vec!["endpoints.secrets", "https://", "OCI_PROVIDER_ENDPOINTS__SECRETS"]),
+            (vec![], vec![("OCI_METADATA_BASE_URL", "ftp://x")], None, vec!["endpoints.instance_metadata", "OCI_METADATA_BASE_URL"]),
+            (vec![], vec![("OCI_RESOURCE_PRINCIPAL_VERSION", "3.0")], None, vec!["OCI_RESOURCE_PRINCIPAL_VERSION", "must be valid"]),
+            (vec!["--endpoint-permissions=0999"], vec![], None, vec!["server.endpoint_permissions", "--endpoint-permissions", "octal"]),
+            (vec!["--endpoint", "/tmp/x.sock"], vec![], None, vec!["server.endpoint", "unix://"]),
+            (vec!["--metrics-backend=opencensus"], vec![], None, vec!["metrics_backend", "prometheus"]),
+            (vec!["--log-format=xml"], vec![], None, vec!["log.format", "--log-format"]),
+            (vec![], vec![], Some("[server]\nhealthz_prot = 1\n"), vec!["healthz_prot", "TOML"]),
+            (vec![], vec![], Some("[endpoints]\nproxymux = \"https://\"\n"), vec!["endpoints.proxymux", "TOML"]),
+            (vec![], vec![("OCI_PROVIDER_REGION", "us ashburn")], None, vec!["region", "spaces"]),
+        ];
+        for (args, vars, file, fragments) in cases {
+            let file = file.map(toml_file);
+            let mut args: Vec<&str> = args;
+            let path;
+            if let Some(file) = &file {
+                path = file.path().to_str().unwrap().to_owned();
+                args.extend(["--config", path.as_str()]);
+            }
+            let err = Config::load(&flags(&args), &env(&vars)).unwrap_err().to_string();
+            for fragment in fragments {
+                assert!(err.contains(fragment), "{args:?} {vars:?}: {fragment:?} not in {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_config_file_is_named() {
+        let err = Config::load(&flags(&["--config", "/no/such/provider.toml"]), &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("/no/such/provider.toml"), "{err}");
+    }
+
+    #[test]
+    fn octal_modes_parse() {
+        assert_eq!(OctalMode::parse("0600"), Some(OctalMode(0o600)));
+        assert_eq!(OctalMode::parse("660"), Some(OctalMode(0o660)));
+        assert_eq!(OctalMode::parse("0o640"), Some(OctalMode(0o640)));
+        assert_eq!(OctalMode::parse("0800"), None);
+        assert_eq!(OctalMode::parse("01777"), None);
+        assert_eq!(OctalMode::parse(""), None);
+    }
+}

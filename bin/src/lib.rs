@@ -1,0 +1,141 @@
+//! The DaemonSet binary's wiring: configuration, logging, the gRPC socket, health and
+//! metrics servers, signals. No business logic lives here.
+
+mod config;
+mod flags;
+mod health;
+mod metrics;
+mod telemetry;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+pub use config::{Config, ConfigError, ENV_PREFIX, LogFormat};
+pub use flags::Flags;
+
+/// `runtime_name` answered by `Version`.
+pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
+
+/// Runs the binary with `args` (program name first) and the process environment as a map.
+pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
+    let flags = match Flags::parse_from_args(&args) {
+        Ok(flags) => flags,
+        Err(err) => {
+            let code = if err.use_stderr() { 2 } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let config = match Config::load(&flags, &env) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(err) = telemetry::init(&config.log) {
+        eprintln!("invalid configuration: {err:#}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "provider stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(term), Ok(int)) => (term, int),
+        _ => {
+            tracing::error!("cannot install signal handlers; serving until killed");
+            return std::future::pending().await;
+        }
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = name, "shutting down");
+}
+
+/// Serves until `shutdown` completes.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    if config.server.enable_pprof {
+        tracing::warn!(
+            pprof_port = config.server.pprof_port,
+            "--enable-pprof is accepted for compatibility but profiling is not supported; nothing listens on the pprof port"
+        );
+    }
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(metrics::Metrics::new(env!("CARGO_PKG_VERSION")));
+
+    let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
+    let health = health::bind(health_addr)
+        .await
+        .with_context(|| format!("cannot listen on {health_addr} for health checks (--healthz-port)"))?;
+    let metrics_addr = SocketAddr::new(config.server.bind_address, config.server.metrics_port);
+    let metrics_listener = health::bind(metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on {metrics_addr} for metrics (--metrics-port)"))?;
+    tracing::info!(
+        healthz = %health.local_addr().unwrap_or(health_addr),
+        metrics = %metrics_listener.local_addr().unwrap_or(metrics_addr),
+        "health and metrics servers listening"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let health_task = tokio::spawn(health::serve(health, health::Routes::Health(ready.clone()), stop_rx.clone()));
+    let metrics_task = tokio::spawn(health::serve(
+        metrics_listener,
+        health::Routes::Metrics(metrics.clone()),
+        stop_rx.clone(),
+    ));
+
+    let endpoint = config.grpc_endpoint()?;
+    let listener = csi_grpc::Listener::bind(&endpoint, config.server.endpoint_permissions.0)
+        .with_context(|| format!("cannot serve {endpoint} (--endpoint)"))?;
+    let limits = csi_grpc::MountLimits {
+        max_in_flight: config.server.max_in_flight_mounts,
+        default_deadline: Duration::from_secs(config.server.mount_timeout_seconds),
+        max_deadline: Duration::from_secs(config.server.mount_timeout_seconds),
+        ..csi_grpc::MountLimits::default()
+    };
+    let info = csi_grpc::ServerInfo {
+        runtime_name: RUNTIME_NAME.to_owned(),
+        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let provider = csi_grpc::CsiProvider::new(provider::OciMount::new(), info, limits).with_observer(metrics);
+    tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
+    ready.store(true, Ordering::SeqCst);
+
+    let not_ready = ready.clone();
+    let shutdown = async move {
+        shutdown.await;
+        not_ready.store(false, Ordering::SeqCst);
+    };
+    let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
+    let served = csi_grpc::serve(listener, provider, shutdown, grace).await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(health_task, metrics_task);
+    served.context("the gRPC server failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}
