@@ -126,7 +126,10 @@ impl OctalMode {
         if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
             return None;
         }
-        u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o777).map(Self)
+        u32::from_str_radix(digits, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .map(Self)
     }
 }
 
@@ -213,12 +216,12 @@ impl Config {
                 "server.mount_timeout_seconds must be at least 1".into(),
             ));
         }
-        if let Some(region) = &self.region {
-            if region.is_empty() || region.contains(char::is_whitespace) {
-                return Err(ConfigError(format!(
-                    "region {region:?}: region can not be empty or have spaces"
-                )));
-            }
+        if let Some(region) = &self.region
+            && (region.is_empty() || region.contains(char::is_whitespace))
+        {
+            return Err(ConfigError(format!(
+                "region {region:?}: region can not be empty or have spaces"
+            )));
         }
         Ok(())
     }
@@ -270,12 +273,13 @@ impl MapSource {
             dict: Dict::new(),
             sources: BTreeMap::new(),
         };
-        if let Some(version) = env.get("OCI_RESOURCE_PRINCIPAL_VERSION") {
-            if version != "2.2" && version != "1.1" {
-                return Err(ConfigError(format!(
-                    "OCI_RESOURCE_PRINCIPAL_VERSION {version:?} must be valid: \"2.2\" or \"1.1\""
-                )));
-            }
+        if let Some(version) = env.get("OCI_RESOURCE_PRINCIPAL_VERSION")
+            && version != "2.2"
+            && version != "1.1"
+        {
+            return Err(ConfigError(format!(
+                "OCI_RESOURCE_PRINCIPAL_VERSION {version:?} must be valid: \"2.2\" or \"1.1\""
+            )));
         }
         if let Some(port) = env.get("KUBERNETES_SERVICE_PORT").filter(|v| !v.is_empty()) {
             let port: u16 = port.parse().map_err(|_| {
@@ -291,10 +295,19 @@ impl MapSource {
         }
         let strings: [(&str, &[&str]); 5] = [
             ("OCI_RESOURCE_PRINCIPAL_REGION", &["region"]),
-            ("KUBERNETES_SERVICE_HOST", &["endpoints", "kubernetes_service_host"]),
-            ("OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH", &["endpoints", "proxymux_ca_file"]),
+            (
+                "KUBERNETES_SERVICE_HOST",
+                &["endpoints", "kubernetes_service_host"],
+            ),
+            (
+                "OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH",
+                &["endpoints", "proxymux_ca_file"],
+            ),
             ("OCI_METADATA_BASE_URL", &["endpoints", "instance_metadata"]),
-            ("OCI_SDK_AUTH_CLIENT_REGION_URL", &["endpoints", "federation"]),
+            (
+                "OCI_SDK_AUTH_CLIENT_REGION_URL",
+                &["endpoints", "federation"],
+            ),
         ];
         for (var, path) in strings {
             if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
@@ -376,7 +389,6 @@ impl Provider for MapSource {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,7 +400,9 @@ mod tests {
     }
 
     fn env(vars: &[(&str, &str)]) -> BTreeMap<String, String> {
-        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        vars.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     fn toml_file(content: &str) -> tempfile::NamedTempFile {
@@ -400,11 +414,17 @@ mod tests {
     #[test]
     fn defaults_match_the_go_provider() {
         let config = Config::load(&flags(&[]), &env(&[])).unwrap();
-        assert_eq!(config.server.endpoint, "unix:///opt/provider/sockets/oci.sock");
+        assert_eq!(
+            config.server.endpoint,
+            "unix:///opt/provider/sockets/oci.sock"
+        );
         assert_eq!(config.server.endpoint_permissions, OctalMode(0o600));
         assert_eq!(config.server.healthz_port, 8098);
         assert_eq!(config.server.metrics_port, 8198);
-        assert_eq!(config.endpoints.instance_metadata.as_str(), "http://169.254.169.254/opc/v2");
+        assert_eq!(
+            config.endpoints.instance_metadata.as_str(),
+            "http://169.254.169.254/opc/v2"
+        );
         assert_eq!(config.region, None);
     }
 
@@ -422,13 +442,28 @@ mod tests {
         ]);
         let config = Config::load(&flags(&["--config", path, "-pprof-port=3003"]), &vars).unwrap();
         assert_eq!(config.server.healthz_port, 1001, "file over defaults");
-        assert_eq!(config.region.as_deref(), Some("us-ashburn-1"), "SDK variable over file");
+        assert_eq!(
+            config.region.as_deref(),
+            Some("us-ashburn-1"),
+            "SDK variable over file"
+        );
         assert_eq!(config.server.metrics_port, 2002, "OCI_PROVIDER_ over file");
         assert_eq!(config.server.pprof_port, 3003, "flag over environment");
         assert_eq!(config.server.endpoint_permissions, OctalMode(0o660));
 
-        let config = Config::load(&flags(&[]), &env(&[("OCI_RESOURCE_PRINCIPAL_REGION", "iad"), ("OCI_PROVIDER_REGION", "fra")])).unwrap();
-        assert_eq!(config.region.as_deref(), Some("fra"), "OCI_PROVIDER_ over SDK variables");
+        let config = Config::load(
+            &flags(&[]),
+            &env(&[
+                ("OCI_RESOURCE_PRINCIPAL_REGION", "iad"),
+                ("OCI_PROVIDER_REGION", "fra"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.region.as_deref(),
+            Some("fra"),
+            "OCI_PROVIDER_ over SDK variables"
+        );
     }
 
     #[test]
@@ -448,24 +483,96 @@ mod tests {
         assert_eq!(e.kubernetes_service_port, Some(443));
         assert_eq!(e.proxymux_ca_file, std::path::PathBuf::from("/etc/ca.pem"));
         assert_eq!(e.instance_metadata.as_str(), "http://127.0.0.1:9000/opc/v2");
-        assert_eq!(e.federation.as_ref().unwrap().as_str(), "https://127.0.0.1:9443");
+        assert_eq!(
+            e.federation.as_ref().unwrap().as_str(),
+            "https://127.0.0.1:9443"
+        );
         assert_eq!(e.default_realm.as_deref(), Some("oraclecloud.com"));
     }
 
     #[test]
     fn invalid_values_name_the_key_and_the_source() {
-        let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, Option<&str>, Vec<&str>)> = vec![
-            (vec![], vec![("OCI_PROVIDER_SERVER__HEALTHZ_PORT", "eighty")], None, vec!["server.healthz_port", "OCI_PROVIDER_SERVER__HEALTHZ_PORT"]),
-            (vec![], vec![("OCI_PROVIDER_ENDPOINTS__SECRETS", "http://127.0.0.1:1")], None, vec!["endpoints.secrets", "https://", "OCI_PROVIDER_ENDPOINTS__SECRETS"]),
-            (vec![], vec![("OCI_METADATA_BASE_URL", "ftp://x")], None, vec!["endpoints.instance_metadata", "OCI_METADATA_BASE_URL"]),
-            (vec![], vec![("OCI_RESOURCE_PRINCIPAL_VERSION", "3.0")], None, vec!["OCI_RESOURCE_PRINCIPAL_VERSION", "must be valid"]),
-            (vec!["--endpoint-permissions=0999"], vec![], None, vec!["server.endpoint_permissions", "--endpoint-permissions", "octal"]),
-            (vec!["--endpoint", "/tmp/x.sock"], vec![], None, vec!["server.endpoint", "unix://"]),
-            (vec!["--metrics-backend=opencensus"], vec![], None, vec!["metrics_backend", "prometheus"]),
-            (vec!["--log-format=xml"], vec![], None, vec!["log.format", "--log-format"]),
-            (vec![], vec![], Some("[server]\nhealthz_prot = 1\n"), vec!["healthz_prot", "TOML"]),
-            (vec![], vec![], Some("[endpoints]\nproxymux = \"https://\"\n"), vec!["endpoints.proxymux", "TOML"]),
-            (vec![], vec![("OCI_PROVIDER_REGION", "us ashburn")], None, vec!["region", "spaces"]),
+        type Case<'a> = (
+            Vec<&'a str>,
+            Vec<(&'a str, &'a str)>,
+            Option<&'a str>,
+            Vec<&'a str>,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (
+                vec![],
+                vec![("OCI_PROVIDER_SERVER__HEALTHZ_PORT", "eighty")],
+                None,
+                vec!["server.healthz_port", "OCI_PROVIDER_SERVER__HEALTHZ_PORT"],
+            ),
+            (
+                vec![],
+                vec![("OCI_PROVIDER_ENDPOINTS__SECRETS", "http://127.0.0.1:1")],
+                None,
+                vec![
+                    "endpoints.secrets",
+                    "https://",
+                    "OCI_PROVIDER_ENDPOINTS__SECRETS",
+                ],
+            ),
+            (
+                vec![],
+                vec![("OCI_METADATA_BASE_URL", "ftp://x")],
+                None,
+                vec!["endpoints.instance_metadata", "OCI_METADATA_BASE_URL"],
+            ),
+            (
+                vec![],
+                vec![("OCI_RESOURCE_PRINCIPAL_VERSION", "3.0")],
+                None,
+                vec!["OCI_RESOURCE_PRINCIPAL_VERSION", "must be valid"],
+            ),
+            (
+                vec!["--endpoint-permissions=0999"],
+                vec![],
+                None,
+                vec![
+                    "server.endpoint_permissions",
+                    "--endpoint-permissions",
+                    "octal",
+                ],
+            ),
+            (
+                vec!["--endpoint", "/tmp/x.sock"],
+                vec![],
+                None,
+                vec!["server.endpoint", "unix://"],
+            ),
+            (
+                vec!["--metrics-backend=opencensus"],
+                vec![],
+                None,
+                vec!["metrics_backend", "prometheus"],
+            ),
+            (
+                vec!["--log-format=xml"],
+                vec![],
+                None,
+                vec!["log.format", "--log-format"],
+            ),
+            (
+                vec![],
+                vec![],
+                Some("[server]\nhealthz_prot = 1\n"),
+                vec!["healthz_prot", "TOML"],
+            ),
+            (
+                vec![],
+                vec![],
+                Some("[endpoints]\nproxymux = \"https://\"\n"),
+                vec!["endpoints.proxymux", "TOML"],
+            ),
+            (
+                vec![],
+                vec![("OCI_PROVIDER_REGION", "us ashburn")],
+                None,
+                vec!["region", "spaces"],
+            ),
         ];
         for (args, vars, file, fragments) in cases {
             let file = file.map(toml_file);
@@ -475,16 +582,22 @@ mod tests {
                 path = file.path().to_str().unwrap().to_owned();
                 args.extend(["--config", path.as_str()]);
             }
-            let err = Config::load(&flags(&args), &env(&vars)).unwrap_err().to_string();
+            let err = Config::load(&flags(&args), &env(&vars))
+                .unwrap_err()
+                .to_string();
             for fragment in fragments {
-                assert!(err.contains(fragment), "{args:?} {vars:?}: {fragment:?} not in {err}");
+                assert!(
+                    err.contains(fragment),
+                    "{args:?} {vars:?}: {fragment:?} not in {err}"
+                );
             }
         }
     }
 
     #[test]
     fn a_missing_config_file_is_named() {
-        let err = Config::load(&flags(&["--config", "/no/such/provider.toml"]), &env(&[])).unwrap_err();
+        let err =
+            Config::load(&flags(&["--config", "/no/such/provider.toml"]), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("/no/such/provider.toml"), "{err}");
     }
 

@@ -61,23 +61,51 @@ impl Flags {
                 out.push((flag, key, value));
             }
         };
-        push("--endpoint", "server.endpoint", self.endpoint.clone().map(Value::from));
+        push(
+            "--endpoint",
+            "server.endpoint",
+            self.endpoint.clone().map(Value::from),
+        );
         push(
             "--endpoint-permissions",
             "server.endpoint_permissions",
             self.endpoint_permissions.clone().map(Value::from),
         );
-        push("--healthz-port", "server.healthz_port", self.healthz_port.map(Value::from));
+        push(
+            "--healthz-port",
+            "server.healthz_port",
+            self.healthz_port.map(Value::from),
+        );
         push(
             "--metrics-backend",
             "server.metrics_backend",
             self.metrics_backend.clone().map(Value::from),
         );
-        push("--metrics-port", "server.metrics_port", self.metrics_port.map(Value::from));
-        push("--enable-pprof", "server.enable_pprof", self.enable_pprof.map(Value::from));
-        push("--pprof-port", "server.pprof_port", self.pprof_port.map(Value::from));
-        push("--log-format", "log.format", self.log_format.clone().map(Value::from));
-        push("--log-level", "log.level", self.log_level.clone().map(Value::from));
+        push(
+            "--metrics-port",
+            "server.metrics_port",
+            self.metrics_port.map(Value::from),
+        );
+        push(
+            "--enable-pprof",
+            "server.enable_pprof",
+            self.enable_pprof.map(Value::from),
+        );
+        push(
+            "--pprof-port",
+            "server.pprof_port",
+            self.pprof_port.map(Value::from),
+        );
+        push(
+            "--log-format",
+            "log.format",
+            self.log_format.clone().map(Value::from),
+        );
+        push(
+            "--log-level",
+            "log.level",
+            self.log_level.clone().map(Value::from),
+        );
         out
     }
 }
@@ -143,7 +171,10 @@ mod tests {
         let f = parse(&["--enable-pprof", "--log-format", "json"]).unwrap();
         assert_eq!(f.enable_pprof, Some(true));
         assert_eq!(f.log_format.as_deref(), Some("json"));
-        assert_eq!(parse(&["-enable-pprof=false"]).unwrap().enable_pprof, Some(false));
+        assert_eq!(
+            parse(&["-enable-pprof=false"]).unwrap().enable_pprof,
+            Some(false)
+        );
     }
 
     #[test]

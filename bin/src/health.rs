@@ -29,15 +29,23 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 fn answer(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (routes, request.method(), request.uri().path()) {
-        (_, m, _) if m != Method::GET && m != Method::HEAD => {
-            (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".to_owned())
+        (_, m, _) if m != Method::GET && m != Method::HEAD => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n".to_owned(),
+        ),
+        (Routes::Health(_), _, "/health" | "/healthz") => {
+            (StatusCode::OK, "text/plain", "ok\n".to_owned())
         }
-        (Routes::Health(_), _, "/health" | "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         (Routes::Health(ready), _, "/readyz") => {
             if ready.load(Ordering::SeqCst) {
                 (StatusCode::OK, "text/plain", "ready\n".to_owned())
             } else {
-                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not serving the provider socket\n".to_owned())
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not serving the provider socket\n".to_owned(),
+                )
             }
         }
         (Routes::Metrics(metrics), _, "/metrics") => (
@@ -45,12 +53,18 @@ fn answer(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>>
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_owned(),
+        ),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(value) = http::HeaderValue::from_str(content_type) {
-        response.headers_mut().insert(http::header::CONTENT_TYPE, value);
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, value);
     }
     response
 }

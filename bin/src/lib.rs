@@ -44,7 +44,10 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
         eprintln!("invalid configuration: {err:#}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("cannot start the async runtime: {err}");
@@ -63,7 +66,10 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
 /// Completes on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(term), Ok(int)) => (term, int),
         _ => {
             tracing::error!("cannot install signal handlers; serving until killed");
@@ -78,7 +84,10 @@ async fn shutdown_signal() {
 }
 
 /// Serves until `shutdown` completes.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     if config.server.enable_pprof {
         tracing::warn!(
             pprof_port = config.server.pprof_port,
@@ -89,9 +98,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let metrics = Arc::new(metrics::Metrics::new(env!("CARGO_PKG_VERSION")));
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
-    let health = health::bind(health_addr)
-        .await
-        .with_context(|| format!("cannot listen on {health_addr} for health checks (--healthz-port)"))?;
+    let health = health::bind(health_addr).await.with_context(|| {
+        format!("cannot listen on {health_addr} for health checks (--healthz-port)")
+    })?;
     let metrics_addr = SocketAddr::new(config.server.bind_address, config.server.metrics_port);
     let metrics_listener = health::bind(metrics_addr)
         .await
@@ -102,7 +111,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         "health and metrics servers listening"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let health_task = tokio::spawn(health::serve(health, health::Routes::Health(ready.clone()), stop_rx.clone()));
+    let health_task = tokio::spawn(health::serve(
+        health,
+        health::Routes::Health(ready.clone()),
+        stop_rx.clone(),
+    ));
     let metrics_task = tokio::spawn(health::serve(
         metrics_listener,
         health::Routes::Metrics(metrics.clone()),
@@ -122,7 +135,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         runtime_name: RUNTIME_NAME.to_owned(),
         runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
-    let provider = csi_grpc::CsiProvider::new(provider::OciMount::new(), info, limits).with_observer(metrics);
+    let provider =
+        csi_grpc::CsiProvider::new(provider::OciMount::new(), info, limits).with_observer(metrics);
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
     ready.store(true, Ordering::SeqCst);
 

@@ -35,7 +35,9 @@ impl Metrics {
         let mut registry = Registry::with_prefix("oci_provider");
         let mounts = Family::<CodeLabel, Counter>::default();
         registry.register("mounts", "Mounts answered, by gRPC outcome", mounts.clone());
-        let duration = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]);
+        let duration = Histogram::new([
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
         registry.register(
             "mount_duration_seconds",
             "Time to answer a mount",
@@ -57,7 +59,10 @@ impl Metrics {
     /// The text exposition format.
     pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             out.clear();
         }

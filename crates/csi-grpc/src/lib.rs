@@ -18,6 +18,8 @@
 //! Error = MountError>`; this crate knows nothing of any cloud.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(feature = "client")]
+pub mod client;
 mod error;
 mod listener;
 mod path;

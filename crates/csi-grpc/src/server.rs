@@ -269,7 +269,10 @@ where
         }
         let result = CsiProvider::mount(self, request).await;
         if let Some(observer) = &self.observer {
-            observer.mount_finished(result.as_ref().map(|_| ()).map_err(MountError::kind), started.elapsed());
+            observer.mount_finished(
+                result.as_ref().map(|_| ()).map_err(MountError::kind),
+                started.elapsed(),
+            );
         }
         match result {
             Ok(response) => {

@@ -167,10 +167,25 @@ mod tests {
 
     #[test]
     fn urls_are_checked() {
-        assert_eq!(HttpsUrl::new("https://127.0.0.1:8443/").unwrap().as_str(), "https://127.0.0.1:8443");
-        assert!(HttpsUrl::new("http://127.0.0.1:8443").unwrap_err().contains("https://"));
-        assert!(HttpsUrl::new("https://u:p@host").unwrap_err().contains("scheme://host"));
-        assert!(HttpsUrl::new("https://host/?a=b").unwrap_err().contains("query"));
+        assert_eq!(
+            HttpsUrl::new("https://127.0.0.1:8443/").unwrap().as_str(),
+            "https://127.0.0.1:8443"
+        );
+        assert!(
+            HttpsUrl::new("http://127.0.0.1:8443")
+                .unwrap_err()
+                .contains("https://")
+        );
+        assert!(
+            HttpsUrl::new("https://u:p@host")
+                .unwrap_err()
+                .contains("scheme://host")
+        );
+        assert!(
+            HttpsUrl::new("https://host/?a=b")
+                .unwrap_err()
+                .contains("query")
+        );
         assert!(HttpsUrl::new("not a url").is_err());
         assert!(MetadataUrl::new("http://127.0.0.1:9000/opc/v2").is_ok());
         assert!(MetadataUrl::new("ftp://x").is_err());

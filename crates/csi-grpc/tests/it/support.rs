@@ -2,33 +2,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use secrets_store_csi_grpc::proto::csi_driver_provider_client::CsiDriverProviderClient;
+use secrets_store_csi_grpc::client::{Client, connect_unix};
 use secrets_store_csi_grpc::{
     CsiProvider, Endpoint, Listener, MountError, MountLimits, MountRequest, MountResponse,
     ServerInfo, serve,
 };
 use tokio::sync::oneshot;
-use tonic::transport::Channel;
 
-pub type Client = CsiDriverProviderClient<Channel>;
-
-/// Connects like the driver does: over the Unix socket with `:authority localhost`.
+/// Connects like the driver does.
 pub async fn connect(path: &Path) -> Client {
-    let path = path.to_owned();
-    let channel = tonic::transport::Endpoint::try_from("http://localhost")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await
-        .unwrap();
-    CsiDriverProviderClient::new(channel)
+    connect_unix(path).await.unwrap()
 }
 
 pub fn info() -> ServerInfo {

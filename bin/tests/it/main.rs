@@ -1,0 +1,269 @@
+//! The real binary: flags, socket, health, metrics, signals.
+// Test helpers are shared between modules of this one test binary; they are not an API.
+#![allow(unreachable_pub, missing_debug_implementations)]
+
+mod process;
+
+use csi_grpc::proto::{MountRequest, VersionRequest};
+use process::{Provider, http_get};
+use serde_json::json;
+use tonic::Code;
+
+fn mount_request(attributes: serde_json::Value) -> MountRequest {
+    MountRequest {
+        attributes: attributes.to_string(),
+        secrets: "{}".into(),
+        target_path: "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/v/mount".into(),
+        permission: "420".into(),
+        current_object_version: vec![],
+    }
+}
+
+fn valid_workload_attributes(extra: serde_json::Value) -> serde_json::Value {
+    let mut attributes = json!({
+        "secrets": "- name: db-password\n",
+        "vaultId": "ocid1.vault.oc1.iad.example",
+        "authType": "workload",
+        "secretProviderClass": "app-spc",
+        "csi.storage.k8s.io/pod.name": "web-0",
+        "csi.storage.k8s.io/pod.namespace": "app",
+        "csi.storage.k8s.io/pod.uid": "0f6c2b1e",
+        "csi.storage.k8s.io/serviceAccount.name": "web",
+    });
+    if let (Some(a), Some(e)) = (attributes.as_object_mut(), extra.as_object()) {
+        a.extend(e.clone());
+    }
+    attributes
+}
+
+#[tokio::test]
+async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
+    let provider = Provider::start(
+        &[
+            "--enable-pprof=true",
+            "-pprof-port=6061",
+            "--metrics-backend",
+            "prometheus",
+        ],
+        &[],
+    )
+    .await;
+    let mut client = provider.client().await;
+
+    let version = client
+        .version(VersionRequest {
+            version: "v1alpha1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(version.version, "v1alpha1");
+    assert_eq!(
+        version.runtime_name,
+        "oci-secrets-store-csi-driver-provider"
+    );
+    assert_eq!(version.runtime_version, env!("CARGO_PKG_VERSION"));
+
+    let status = client
+        .mount(mount_request(json!({"authType": "workload"})))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("missed \"secrets\""),
+        "{}",
+        status.message()
+    );
+
+    let status = client
+        .mount(mount_request(valid_workload_attributes(json!({}))))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+
+    for path in ["/health", "/healthz", "/readyz"] {
+        let (code, _) = http_get(provider.healthz_port, path).await;
+        assert_eq!(code, 200, "{path}");
+    }
+    let (code, _) = http_get(provider.healthz_port, "/nope").await;
+    assert_eq!(code, 404);
+    let (code, body) = http_get(provider.metrics_port, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("oci_provider_mounts_total{code=\"invalid_argument\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("oci_provider_mounts_total{code=\"unavailable\"} 1"),
+        "{body}"
+    );
+
+    let output = provider.terminate().await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        output.stderr.contains("profiling is not supported"),
+        "{}",
+        output.stderr
+    );
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_mounts_answer_exits_zero_and_removes_the_socket() {
+    let provider = Provider::start(&[], &[]).await;
+    let client = provider.client().await;
+    let mounts: Vec<_> = (0..16)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .mount(mount_request(valid_workload_attributes(json!({}))))
+                    .await
+            })
+        })
+        .collect();
+    let socket = provider.socket.clone();
+    let output = provider.terminate().await;
+    for mount in mounts {
+        // Each mount either got its answer before the listener closed, or was refused a
+        // connection: none is cut off half-way.
+        match mount.await.unwrap() {
+            Err(status)
+                if status.code() == Code::Unavailable && status.message().contains("not wired") => {
+            }
+            Err(status) => assert!(
+                status.message().contains("connect") || status.message().contains("transport"),
+                "{status:?}"
+            ),
+            Ok(response) => panic!("no mount can succeed yet: {response:?}"),
+        }
+    }
+    assert!(output.status.success(), "{output:?}");
+    assert!(!socket.exists(), "the socket is removed");
+    assert!(output.stderr.contains("SIGTERM"), "{}", output.stderr);
+}
+
+#[tokio::test]
+async fn sigterm_leaves_a_socket_that_a_successor_bound() {
+    let provider = Provider::start(&[], &[]).await;
+    let socket = provider.socket.clone();
+    std::fs::rename(&socket, socket.with_extension("old")).unwrap();
+    let _successor = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let output = provider.terminate().await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(socket.exists());
+    std::os::unix::net::UnixStream::connect(&socket).unwrap();
+}
+
+#[tokio::test]
+async fn a_live_socket_is_not_taken_over() {
+    let provider = Provider::start(&[], &[]).await;
+    let second = Provider::spawn_at(&provider.socket, &[], &[]);
+    let output = second.wait_exit().await;
+    assert!(!output.status.success());
+    assert!(output.stderr.contains("live socket"), "{}", output.stderr);
+    // The first provider still serves.
+    provider
+        .client()
+        .await
+        .version(VersionRequest::default())
+        .await
+        .unwrap();
+    assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn invalid_configuration_fails_at_start_naming_the_key_and_source() {
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: &[Case<'_>] = &[
+        (
+            &["--endpoint-permissions=999"],
+            &[],
+            &["server.endpoint_permissions", "--endpoint-permissions"],
+        ),
+        (
+            &[],
+            &[("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_MOUNTS", "many")],
+            &[
+                "server.max_in_flight_mounts",
+                "OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_MOUNTS",
+            ],
+        ),
+        (&["--no-such-flag"], &[], &["--no-such-flag"]),
+        (&["--log-level=loud"], &[], &["log.level", "loud"]),
+    ];
+    for (args, vars, fragments) in cases {
+        let output = Provider::spawn_at(&std::env::temp_dir().join("never.sock"), args, vars)
+            .wait_exit()
+            .await;
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        for fragment in *fragments {
+            assert!(
+                output.stderr.contains(fragment),
+                "{args:?}: {fragment:?} not in {}",
+                output.stderr
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn tokens_never_reach_the_logs_at_trace_level() {
+    const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YXBwOndlYiJ9.dG9wLXNlY3JldC1zaWc";
+    let provider = Provider::start(&["--log-level=trace", "--log-format=json"], &[]).await;
+    let mut client = provider.client().await;
+    let tokens =
+        json!({"": {"token": TOKEN, "expirationTimestamp": "2030-01-01T00:00:00Z"}}).to_string();
+    for attributes in [
+        valid_workload_attributes(json!({ "csi.storage.k8s.io/serviceAccount.tokens": tokens })),
+        valid_workload_attributes(
+            json!({ "csi.storage.k8s.io/serviceAccount.tokens": tokens, "authType": "nope" }),
+        ),
+        valid_workload_attributes(
+            json!({ "csi.storage.k8s.io/serviceAccount.tokens": format!("{{\"\": \"{TOKEN}\"") }),
+        ),
+    ] {
+        let status = client.mount(mount_request(attributes)).await.unwrap_err();
+        assert!(
+            !status.message().contains("dG9wLXNlY3JldC1zaWc"),
+            "{}",
+            status.message()
+        );
+    }
+    let mut request = mount_request(valid_workload_attributes(json!({})));
+    request.secrets = json!({ "csi.storage.k8s.io/serviceAccount.tokens": tokens }).to_string();
+    client.mount(request).await.unwrap_err();
+    let output = provider.terminate().await;
+    assert!(
+        output.stderr.contains("mount failed"),
+        "trace logs were captured"
+    );
+    assert!(
+        output.stderr.contains("TRACE") || output.stderr.contains("\"level\":\"TRACE\""),
+        "trace level is on"
+    );
+    assert!(
+        !output.stderr.contains("dG9wLXNlY3JldC1zaWc"),
+        "{}",
+        output.stderr
+    );
+    assert!(
+        !output
+            .stderr
+            .contains("eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YXBwOndlYiJ9")
+    );
+}
+
+#[tokio::test]
+async fn readyz_answers_only_while_the_socket_is_served() {
+    let provider = Provider::start(&[], &[]).await;
+    assert_eq!(http_get(provider.healthz_port, "/readyz").await.0, 200);
+    let port = provider.healthz_port;
+    let output = provider.terminate().await;
+    assert!(output.status.success());
+    // After exit nothing listens any more.
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+    );
+}

@@ -1,0 +1,175 @@
+//! Starting and stopping the real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use csi_grpc::client::{Client, connect_unix};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_oci-secrets-store-csi-driver-provider");
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Output {
+    pub status: std::process::ExitStatus,
+    pub stderr: String,
+    /// The provider's directory, kept so callers can look at what it left behind.
+    pub _dir: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {:?}\n{}", self.status, self.stderr)
+    }
+}
+
+pub struct Spawned {
+    child: Child,
+    /// Reads stderr as it comes, so a chatty provider never blocks on a full pipe.
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+impl Spawned {
+    fn new(mut child: Child) -> Self {
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text).await;
+            text
+        });
+        Spawned { child, stderr }
+    }
+
+    pub async fn wait_exit(mut self) -> Output {
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the provider exits")
+            .unwrap();
+        let stderr = self.stderr.await.unwrap();
+        Output {
+            status,
+            stderr,
+            _dir: None,
+        }
+    }
+}
+
+pub struct Provider {
+    pub socket: PathBuf,
+    pub healthz_port: u16,
+    pub metrics_port: u16,
+    spawned: Spawned,
+    _dir: tempfile::TempDir,
+}
+
+impl Provider {
+    /// Spawns the binary on `socket` with loopback health and metrics ports.
+    pub fn spawn_at(socket: &Path, args: &[&str], vars: &[(&str, &str)]) -> Spawned {
+        Self::spawn_with_ports(socket, args, vars, free_port(), free_port())
+    }
+
+    fn spawn_with_ports(
+        socket: &Path,
+        args: &[&str],
+        vars: &[(&str, &str)],
+        healthz: u16,
+        metrics: u16,
+    ) -> Spawned {
+        let child = Command::new(BINARY)
+            .arg(format!("-endpoint=unix://{}", socket.display()))
+            .arg("--healthz-port")
+            .arg(healthz.to_string())
+            .arg(format!("--metrics-port={metrics}"))
+            .args(args)
+            .env_clear()
+            .env("OCI_PROVIDER_SERVER__BIND_ADDRESS", "127.0.0.1")
+            .envs(vars.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Spawned::new(child)
+    }
+
+    /// Starts the binary and waits until it reports ready.
+    pub async fn start(args: &[&str], vars: &[(&str, &str)]) -> Provider {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("oci.sock");
+        let (healthz_port, metrics_port) = (free_port(), free_port());
+        let mut spawned = Self::spawn_with_ports(&socket, args, vars, healthz_port, metrics_port);
+        // Wait for readiness: the process needs a moment to start; bounded, not a fixed sleep.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = spawned.child.try_wait() {
+                panic!("the provider exited during start: {status:?}");
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", healthz_port))
+                .await
+                .is_ok()
+                && http_get(healthz_port, "/readyz").await.0 == 200
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the provider became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(socket.exists());
+        Provider {
+            socket,
+            healthz_port,
+            metrics_port,
+            spawned,
+            _dir: dir,
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        connect_unix(&self.socket).await.unwrap()
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub async fn terminate(self) -> Output {
+        let pid = self.spawned.child.id().unwrap();
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let mut output = self.spawned.wait_exit().await;
+        output._dir = Some(self._dir);
+        output
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback: (status, body).
+pub async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response).await;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,89 @@
+//! `cargo xtask check-deps`: one crypto backend and one TLS stack (DESIGN.md).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// Crates that would bring a second crypto backend, TLS stack or HTTP client.
+const FORBIDDEN: &[&str] = &[
+    "ring",
+    "openssl",
+    "openssl-sys",
+    "native-tls",
+    "reqwest",
+    "rsa",
+];
+/// Crates of which exactly one major version may be in the graph.
+const SINGLE_VERSION: &[&str] = &[
+    "tonic",
+    "hyper",
+    "rustls",
+    "tower",
+    "tower-http",
+    "prost",
+    "aws-lc-rs",
+];
+
+pub(crate) fn check() -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args([
+            "tree",
+            "--workspace",
+            "--edges",
+            "normal,build,dev",
+            "--target",
+            "all",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .output()
+        .context("cannot run cargo tree")?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let tree = String::from_utf8(output.stdout).context("cargo tree printed non-UTF-8")?;
+    let mut versions: BTreeMap<&str, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for line in tree.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(version)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let version = version.trim_start_matches('v');
+        let major = match version.split('.').collect::<Vec<_>>().as_slice() {
+            ["0", minor, ..] => format!("0.{minor}"),
+            [major, ..] => (*major).to_owned(),
+            [] => continue,
+        };
+        versions.entry(name).or_default().insert(major);
+    }
+    let mut problems = Vec::new();
+    for name in FORBIDDEN {
+        if versions.contains_key(name) {
+            problems.push(format!(
+                "{name} is in the dependency graph (find who pulls it: cargo tree -i {name})"
+            ));
+        }
+    }
+    for name in SINGLE_VERSION {
+        if let Some(majors) = versions.get(name).filter(|m| m.len() > 1) {
+            problems.push(format!(
+                "{name} appears in several major versions: {majors:?}"
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("dependency policy violated:\n  {}", problems.join("\n  "));
+    }
+    eprintln!(
+        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}",
+        versions.len()
+    );
+    Ok(())
+}
