@@ -267,3 +267,38 @@ async fn readyz_answers_only_while_the_socket_is_served() {
             .is_err()
     );
 }
+
+#[tokio::test]
+async fn the_emulators_provider_config_is_a_valid_configuration() {
+    let clock: testkit::SharedClock = std::sync::Arc::new(testkit::SystemClock);
+    let emulator = testkit::Emulator::start(testkit::Seed::default(), clock)
+        .await
+        .unwrap();
+    let config_path = emulator.files().provider_config.clone();
+    let path = config_path.to_str().unwrap().to_owned();
+    let provider = Provider::start(&["--config", &path], &[]).await;
+    provider
+        .client()
+        .await
+        .version(VersionRequest::default())
+        .await
+        .unwrap();
+    assert!(provider.terminate().await.status.success());
+
+    let flags = oci_secrets_store_csi_driver_provider::Flags::parse_from_args(&[
+        "provider".to_owned(),
+        "--config".to_owned(),
+        path,
+    ])
+    .unwrap();
+    let config =
+        oci_secrets_store_csi_driver_provider::Config::load(&flags, &Default::default()).unwrap();
+    assert_eq!(
+        config.endpoints.secrets.unwrap().as_str(),
+        emulator.url(testkit::Endpoint::Secrets)
+    );
+    assert_eq!(
+        config.endpoints.instance_metadata.as_str(),
+        emulator.url(testkit::Endpoint::Imds)
+    );
+}

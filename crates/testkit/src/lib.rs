@@ -587,26 +587,29 @@ impl EmulatorHandle {
         let f = &self.info.files;
         format!(
             "# Written by the OCI emulator (oci-csi-testkit). Every endpoint is on loopback.\n\
+             # The provider's configuration schema: bin/src/config.rs and provider::Endpoints.\n\
              region = {region:?}\n\n\
              [endpoints]\n\
              secrets = {:?}\n\
-             auth = {:?}\n\
+             federation = {:?}\n\
              proxymux = {:?}\n\
-             kubernetes = {:?}\n\
-             instance_metadata = {:?}\n\n\
-             [tls]\n\
-             ca_file = {:?}\n\n\
-             [kubernetes]\n\
+             kubernetes_api = {:?}\n\
+             instance_metadata = {:?}\n\
              kubeconfig = {:?}\n\
-             token_file = {:?}\n",
+             service_account_token_file = {:?}\n\
+             kubernetes_ca_file = {:?}\n\
+             proxymux_ca_file = {:?}\n\
+             oci_ca_files = [{:?}]\n",
             self.url(Endpoint::Secrets),
             self.url(Endpoint::Auth),
             self.url(Endpoint::Proxymux),
             self.url(Endpoint::Kube),
             self.url(Endpoint::Imds),
-            path_str(&f.ca),
             path_str(&f.kubeconfig),
             path_str(&f.provider_token),
+            path_str(&f.ca),
+            path_str(&f.ca),
+            path_str(&f.ca),
         )
     }
 
