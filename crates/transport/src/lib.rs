@@ -1,1 +1,35 @@
-//! placeholder
+//! One HTTPS client for the whole process.
+//!
+//! Every outbound call of the provider (OCI Secrets, x509 federation, instance metadata,
+//! the OKE proxymux and the Kubernetes API) goes through one [`Transport`]: a pooled
+//! hyper client with
+//!
+//! - a strict bound on open connections per host (a permit held by each connection for its
+//!   whole life) and on requests in flight per host, so no number of mounts, identities or
+//!   failures can open more sockets than configured;
+//! - a bound on idle connections per host and an idle timeout that really closes them;
+//! - connect and request timeouts (the request timeout covers reading the body), TCP
+//!   keepalive, and a byte cap on response bodies (bodies are read whole: every response
+//!   here is small JSON or PEM);
+//! - trust chosen per destination and never merged: OCI hosts trust the platform roots (or
+//!   only `SSL_CERT_FILE` when set) plus configured CA files; an authority registered with
+//!   [`TransportConfig::trust_only`] (proxymux, Kubernetes API) trusts only its CA file;
+//!   plain `http://` only for the one authority registered with
+//!   [`TransportConfig::allow_plain_http`] (instance metadata);
+//! - `HTTPS_PROXY`-style tunnelling for OCI hosts only;
+//! - counters of connections opened, closed and open now, per host.
+//!
+//! It is a cloneable `tower::Service<http::Request<Bytes>>`; clones share the pool.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod client;
+mod config;
+mod connector;
+mod error;
+mod stats;
+mod tls;
+
+pub use client::{Deadline, HttpService, Transport, TransportBuildError};
+pub use config::{Proxy, TransportConfig};
+pub use error::{ErrorKind, TransportError};
+pub use stats::HostStats;

@@ -1,0 +1,199 @@
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+use tower::Service;
+
+use crate::config::TransportConfig;
+use crate::connector::{Connector, Permits, authority_of};
+use crate::error::TransportError;
+use crate::stats::{HostStats, Stats};
+use crate::tls;
+
+/// The transport as a type-erased, cloneable service, which is how the other crates take it.
+pub type HttpService =
+    tower::util::BoxCloneSyncService<Request<Bytes>, Response<Bytes>, TransportError>;
+
+/// A request extension: the exchange must be over by then (e.g. the mount's deadline).
+/// The earlier of this and the configured request timeout applies.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline(pub Instant);
+
+/// The process's HTTP client. Clones share the pool, the bounds and the counters.
+#[derive(Clone, Debug)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client<Connector, Full<Bytes>>,
+    requests: Permits,
+    stats: Stats,
+    config: TransportConfig,
+}
+
+impl Transport {
+    /// Builds the transport. Must be called within a Tokio runtime (the pool's idle timer
+    /// runs on it).
+    // The one place in the workspace that builds an HTTP client (DESIGN.md, invariant 1).
+    #[allow(clippy::disallowed_methods)] // reason: this crate is the transport
+    pub fn new(config: TransportConfig) -> Result<Self, TransportBuildError> {
+        let oci = tls::oci_roots(config.ssl_cert_file.as_deref(), &config.oci_ca_files)
+            .and_then(tls::client_config)
+            .map_err(|e| TransportBuildError(e.to_string()))?;
+        let mut dedicated = HashMap::new();
+        for (authority, file) in &config.dedicated_trust {
+            let tls = tls::file_roots(file)
+                .and_then(tls::client_config)
+                .map_err(|e| TransportBuildError(format!("{authority}: {e}")))?;
+            dedicated.insert(authority.clone(), tls);
+        }
+        let stats = Stats::default();
+        let connector = Connector::new(
+            oci,
+            dedicated,
+            config.plain_http_authority.clone(),
+            config.proxy.clone(),
+            config.max_connections_per_host,
+            config.connect_timeout,
+            config.tcp_keepalive,
+            stats.clone(),
+        );
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.idle_timeout)
+            .pool_max_idle_per_host(config.max_idle_per_host)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                requests: Permits::new(config.max_connections_per_host),
+                stats,
+                config,
+            }),
+        })
+    }
+
+    /// The transport as an [`HttpService`].
+    pub fn service(&self) -> HttpService {
+        HttpService::new(self.clone())
+    }
+
+    /// Connection counters per host (`host:port`).
+    pub fn stats(&self) -> BTreeMap<String, HostStats> {
+        self.inner.stats.snapshot()
+    }
+
+    /// Connections open now, all hosts together.
+    pub fn open_connections(&self) -> u64 {
+        self.stats().values().map(|h| h.open).sum()
+    }
+
+    async fn send(self, request: Request<Bytes>) -> Result<Response<Bytes>, TransportError> {
+        let uri = request.uri().clone();
+        let authority = authority_of(&uri).ok_or_else(|| TransportError::InvalidUri {
+            uri: format!(
+                "{}://{}{}",
+                uri.scheme_str().unwrap_or(""),
+                uri.authority().map(|a| a.as_str()).unwrap_or(""),
+                uri.path()
+            ),
+            reason: "an absolute http or https URI is required",
+        })?;
+        let config = &self.inner.config;
+        let mut deadline = Instant::now() + config.request_timeout;
+        if let Some(Deadline(requested)) = request.extensions().get::<Deadline>() {
+            deadline = deadline.min(*requested);
+        }
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let limit = config.max_response_bytes;
+        let exchange = async {
+            // Requests in flight per host are bounded like connections, so a storm waits
+            // here instead of queueing connects.
+            let _permit = self
+                .inner
+                .requests
+                .of(&authority)
+                .acquire_owned()
+                .await
+                .map_err(|e| TransportError::Http {
+                    authority: authority.clone(),
+                    source: Box::new(e),
+                })?;
+            let response = self
+                .inner
+                .client
+                .request(request.map(Full::new))
+                .await
+                .map_err(|e| classify(&authority, e))?;
+            let (parts, body) = response.into_parts();
+            let body = Limited::new(body, limit).collect().await.map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    TransportError::TooLarge {
+                        authority: authority.clone(),
+                        limit,
+                    }
+                } else {
+                    TransportError::Http {
+                        authority: authority.clone(),
+                        source: e,
+                    }
+                }
+            })?;
+            Ok(Response::from_parts(parts, body.to_bytes()))
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(TransportError::Timeout {
+                authority,
+                after: budget,
+            }),
+        }
+    }
+}
+
+/// Why the transport could not be built (a CA file or the platform roots).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up the HTTPS transport: {0}")]
+pub struct TransportBuildError(String);
+
+fn classify(authority: &str, error: hyper_util::client::legacy::Error) -> TransportError {
+    let authority = authority.to_owned();
+    if error.is_connect() {
+        TransportError::Connect {
+            authority,
+            source: Box::new(error),
+        }
+    } else {
+        TransportError::Http {
+            authority,
+            source: Box::new(error),
+        }
+    }
+}
+
+impl Service<Request<Bytes>> for Transport {
+    type Response = Response<Bytes>;
+    type Error = TransportError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, TransportError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), TransportError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        Box::pin(self.clone().send(request))
+    }
+}
