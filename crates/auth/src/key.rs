@@ -599,6 +599,40 @@ mod tests {
         ));
     }
 
+    fn scrypt(cost_parameter: u64, block_size: u16, parallelization: u16) -> pbes2::Kdf {
+        pbes2::Kdf::Scrypt(pbes2::ScryptParams {
+            salt: pbes2::Salt::new([0u8; 16]).unwrap(),
+            cost_parameter,
+            block_size,
+            parallelization,
+            key_length: None,
+        })
+    }
+
+    #[test]
+    fn kdf_limits_refuse_degenerate_and_huge_scrypt_parameters() {
+        // OpenSSL's defaults pass.
+        assert!(check_kdf_cost(&scrypt(16384, 8, 1)).is_ok());
+        // N = 0 would make pkcs5 panic; N = 3 is not a power of two.
+        for (n, r, p) in [
+            (0, 8, 1),
+            (1, 8, 1),
+            (3, 8, 1),
+            (1 << 20, 8, 1),
+            (16384, 8, 0),
+            (16384, 8, 1000),
+            (u64::MAX, u16::MAX, 1),
+        ] {
+            assert!(
+                matches!(
+                    check_kdf_cost(&scrypt(n, r, p)),
+                    Err(KeyError::EncryptionTooExpensive(_))
+                ),
+                "N={n} r={r} p={p}"
+            );
+        }
+    }
+
     #[test]
     fn hex_decoding_rejects_odd_and_non_hex() {
         assert_eq!(decode_hex("0aFf"), Some(vec![0x0a, 0xff]));

@@ -232,3 +232,25 @@ fn debug_output_of_keys_holds_no_key_material() {
     assert!(debug.contains("52:27:47:a7:f2:d3:5f:7f:1b:56:30:21:2a:7a:ef:8f"));
     assert!(debug.contains("ST$<redacted>"));
 }
+
+#[test]
+fn rsa_keys_below_2048_bits_are_rejected_with_a_reason() {
+    match load("rsa-1024-pkcs1.pem", None) {
+        Err(err @ KeyError::Rejected(_)) => {
+            assert_eq!(err.to_string(), "the RSA private key was rejected");
+            assert!(std::error::Error::source(&err).is_some());
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+}
+
+#[test]
+fn encrypted_pkcs8_with_excessive_kdf_cost_is_refused_before_deriving() {
+    // 2 000 000 PBKDF2 rounds: refused without spending the CPU time.
+    match load("rsa-pkcs8-encrypted-2m-iterations.pem", Some(PASSPHRASE)) {
+        Err(KeyError::EncryptionTooExpensive(reason)) => {
+            assert!(reason.contains("2000000"), "{reason}");
+        }
+        other => panic!("expected EncryptionTooExpensive, got {other:?}"),
+    }
+}
