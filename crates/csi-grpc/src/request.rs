@@ -122,6 +122,11 @@ impl ServiceAccountTokens {
     pub fn audiences(&self) -> impl Iterator<Item = &str> {
         self.0.keys().map(String::as_str)
     }
+
+    /// The tokens by audience.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &ServiceAccountToken)> {
+        self.0.iter().map(|(audience, token)| (audience.as_str(), token))
+    }
 }
 
 impl MountRequest {
