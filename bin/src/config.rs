@@ -31,6 +31,71 @@ pub struct Config {
     pub log: LogConfig,
     /// Every remote endpoint, and the files that trust or authenticate them.
     pub endpoints: provider::Endpoints,
+    /// The one HTTPS transport to OCI, the proxymux, instance metadata and the Kubernetes API.
+    pub upstream: UpstreamConfig,
+    /// Credentials and identities.
+    pub auth: AuthConfig,
+}
+
+/// Bounds of the one transport (per upstream host).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Most connections open to one host (busy and idle together).
+    pub max_connections_per_host: usize,
+    /// Most idle connections kept per host.
+    pub max_idle_per_host: usize,
+    /// Idle connections are closed after this many seconds.
+    pub idle_timeout_seconds: u64,
+    /// Budget of TCP connect + TLS handshake, in seconds.
+    pub connect_timeout_seconds: u64,
+    /// Budget of one exchange, body included, in seconds (the mount deadline may be shorter).
+    pub request_timeout_seconds: u64,
+    /// Largest response body accepted, in bytes.
+    pub max_response_bytes: usize,
+    /// Secrets of one mount fetched at once.
+    pub fan_out: usize,
+    /// Attempts per Secrets call (retryable failures only).
+    pub max_attempts: u32,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            max_connections_per_host: 4,
+            max_idle_per_host: 4,
+            idle_timeout_seconds: 90,
+            connect_timeout_seconds: 10,
+            request_timeout_seconds: 30,
+            max_response_bytes: 4 * 1024 * 1024,
+            fan_out: 8,
+            max_attempts: 5,
+        }
+    }
+}
+
+/// Credentials and identities.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// How long a user principal's Kubernetes Secret is cached, in seconds.
+    pub user_secret_ttl_seconds: u64,
+    /// Audience of the service-account token used for workload identity (`""`: the API
+    /// server's default audience, as the Go provider requests).
+    pub workload_audience: String,
+    /// Whether to ask the Kubernetes API for a pod-bound token when the driver supplies
+    /// none (needs `create` on `serviceaccounts/token`).
+    pub token_request: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            user_secret_ttl_seconds: 60,
+            workload_audience: String::new(),
+            token_request: true,
+        }
+    }
 }
 
 /// The servers the provider runs.
@@ -211,6 +276,16 @@ impl Config {
                 "server.max_in_flight_mounts must be at least 1".into(),
             ));
         }
+        for (key, value) in [
+            ("upstream.max_connections_per_host", self.upstream.max_connections_per_host),
+            ("upstream.max_idle_per_host", self.upstream.max_idle_per_host),
+            ("upstream.fan_out", self.upstream.fan_out),
+            ("upstream.max_attempts", self.upstream.max_attempts as usize),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!("{key} must be at least 1")));
+            }
+        }
         if self.server.mount_timeout_seconds == 0 {
             return Err(ConfigError(
                 "server.mount_timeout_seconds must be at least 1".into(),
@@ -293,7 +368,8 @@ impl MapSource {
                 "KUBERNETES_SERVICE_PORT",
             );
         }
-        let strings: [(&str, &[&str]); 5] = [
+        let strings: [(&str, &[&str]); 6] = [
+            ("SSL_CERT_FILE", &["endpoints", "ssl_cert_file"]),
             ("OCI_RESOURCE_PRINCIPAL_REGION", &["region"]),
             (
                 "KUBERNETES_SERVICE_HOST",

@@ -43,8 +43,11 @@ pub struct Endpoints {
     pub kubernetes_ca_file: PathBuf,
     /// CA bundle trusted (alone) for the proxymux (`OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH`).
     pub proxymux_ca_file: PathBuf,
+    /// Trust only this CA bundle for OCI hosts instead of the platform roots
+    /// (`SSL_CERT_FILE`, as the Go provider does).
+    pub ssl_cert_file: Option<PathBuf>,
     /// Extra CA bundles trusted for OCI hosts, besides the platform roots (or
-    /// `SSL_CERT_FILE` when set).
+    /// `ssl_cert_file` when set).
     pub oci_ca_files: Vec<PathBuf>,
     /// One region's metadata as JSON (`OCI_REGION_METADATA`), for regions the built-in
     /// table does not know.
@@ -67,6 +70,7 @@ impl Default for Endpoints {
             service_account_token_file: PathBuf::from(SERVICE_ACCOUNT_DIR).join("token"),
             kubernetes_ca_file: PathBuf::from(SERVICE_ACCOUNT_DIR).join("ca.crt"),
             proxymux_ca_file: PathBuf::from(SERVICE_ACCOUNT_DIR).join("ca.crt"),
+            ssl_cert_file: None,
             oci_ca_files: Vec::new(),
             region_metadata: None,
             default_realm: None,

@@ -111,6 +111,7 @@ impl Transport {
             reason: "an absolute http or https URI is required",
         })?;
         let config = &self.inner.config;
+        self.inner.stats.request(&authority);
         let mut deadline = Instant::now() + config.request_timeout;
         if let Some(Deadline(requested)) = request.extensions().get::<Deadline>() {
             deadline = deadline.min(*requested);

@@ -12,6 +12,8 @@ pub struct HostStats {
     pub closed: u64,
     /// Most connections open at once.
     pub high_water: u64,
+    /// Requests sent (each attempt counts).
+    pub requests: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -28,6 +30,11 @@ impl Stats {
             stats: self.clone(),
             authority: authority.to_owned(),
         }
+    }
+
+    pub(crate) fn request(&self, authority: &str) {
+        let mut hosts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        hosts.entry(authority.to_owned()).or_default().requests += 1;
     }
 
     pub(crate) fn snapshot(&self) -> BTreeMap<String, HostStats> {
