@@ -1,20 +1,32 @@
 //! `cargo xtask <command>`: project chores that are easier in Rust than in shell.
+#![allow(clippy::print_stdout)] // reason: a command-line tool reporting to its user
 
+mod demo;
 mod deps;
+mod procs;
+mod soak;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  check-deps   fail if the dependency graph has a second crypto or TLS stack
-               (ring, openssl, openssl-sys, native-tls, reqwest) or duplicate major
-               versions of tonic, hyper, rustls, tower, tower-http, prost
+  demo [--release]   run the provider against the bundled OCI emulator: mount through the
+                     real socket as the driver would, write and print the files
+  soak [options]     benchmark: many mounts through the socket against the emulator
+                     (its own process), reporting mounts/s, latency, RSS slope, connections
+                     and upstream requests per mount; `cargo xtask soak --help`
+  check-deps         fail if the dependency graph has a second crypto or TLS stack
+                     (ring, openssl, openssl-sys, native-tls, reqwest, rsa) or duplicate major
+                     versions of tonic, hyper, rustls, tower, tower-http, prost, aws-lc-rs
 ";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
+        Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
+        Some("soak") => soak::run(rest),
         Some("check-deps") => deps::check(),
         Some("help" | "--help" | "-h") | None => {
             eprint!("{USAGE}");

@@ -1,0 +1,210 @@
+//! Building and running the emulator and the provider as processes, as a node would.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// The workspace root (xtask lives one level below it).
+pub(crate) fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+/// Builds the provider and the emulator; returns the directory of the binaries.
+pub(crate) fn build(release: bool) -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = std::process::Command::new(cargo);
+    command.current_dir(root()).args([
+        "build",
+        "--bin",
+        "oci-secrets-store-csi-driver-provider",
+        "--bin",
+        "oci-emulator",
+        "-p",
+        "oci-secrets-store-csi-driver-provider",
+        "-p",
+        "oci-csi-testkit",
+    ]);
+    if release {
+        command.arg("--release");
+    }
+    let status = command.status().context("cannot run cargo build")?;
+    if !status.success() {
+        bail!("cargo build failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    Ok(target.join(if release { "release" } else { "debug" }))
+}
+
+/// A free loopback port.
+pub(crate) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The emulator, running in its own process.
+pub(crate) struct Emulator {
+    child: Child,
+    pub(crate) config: PathBuf,
+}
+
+impl Emulator {
+    pub(crate) async fn start(bin: &Path, seed: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir)?;
+        let mut child = Command::new(bin.join("oci-emulator"))
+            .arg("--seed")
+            .arg(seed)
+            .arg("--out-dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start oci-emulator")?;
+        let config = dir.join("provider.toml");
+        wait_until(
+            Duration::from_secs(30),
+            "the emulator writes provider.toml",
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(anyhow::anyhow!("the emulator exited: {status}"));
+                }
+                Ok(config.exists()
+                    && std::fs::metadata(&config)
+                        .map(|m| m.len() > 0)
+                        .unwrap_or(false))
+            },
+        )
+        .await?;
+        Ok(Self { child, config })
+    }
+
+    pub(crate) async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// The provider binary, running as the DaemonSet would.
+pub(crate) struct Provider {
+    child: Child,
+    pub(crate) socket: PathBuf,
+    pub(crate) metrics_port: u16,
+}
+
+impl Provider {
+    pub(crate) async fn start(
+        bin: &Path,
+        config: &Path,
+        dir: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let socket = dir.join("oci.sock");
+        let (healthz_port, metrics_port) = (free_port()?, free_port()?);
+        let mut child = Command::new(bin.join("oci-secrets-store-csi-driver-provider"))
+            .arg("--config")
+            .arg(config)
+            .arg(format!("--endpoint=unix://{}", socket.display()))
+            .arg(format!("--healthz-port={healthz_port}"))
+            .arg(format!("--metrics-port={metrics_port}"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("OCI_PROVIDER_SERVER__BIND_ADDRESS", "127.0.0.1")
+            .envs(extra_env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the provider")?;
+        wait_until(Duration::from_secs(30), "the provider is ready", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(anyhow::anyhow!("the provider exited: {status}"));
+            }
+            Ok(socket.exists())
+        })
+        .await?;
+        Ok(Self {
+            child,
+            socket,
+            metrics_port,
+        })
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The Prometheus text of /metrics.
+    pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok(response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default())
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await??;
+        if !status.success() {
+            bail!("the provider exited with {status}");
+        }
+        Ok(())
+    }
+}
+
+/// Sums the samples of a Prometheus metric whose line starts with `prefix`.
+pub(crate) fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn wait_until(
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out waiting until {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A mount request as the driver builds it.
+pub(crate) fn mount_request(attributes: serde_json::Value) -> csi_grpc::proto::MountRequest {
+    csi_grpc::proto::MountRequest {
+        attributes: attributes.to_string(),
+        secrets: "{}".into(),
+        target_path: "/var/lib/kubelet/pods/demo/volumes/kubernetes.io~csi/secrets/mount".into(),
+        permission: "420".into(),
+        current_object_version: vec![],
+    }
+}

@@ -1,0 +1,318 @@
+//! `cargo xtask soak`: a benchmark, not a test. Many mounts through the provider's socket
+//! against the emulator in its own process; reports throughput, latency, the RSS slope after
+//! warm-up, open upstream connections and upstream requests per mount.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+
+use crate::procs::{Emulator, Provider, build, metric_sum, mount_request, root};
+
+const HELP: &str =
+    "usage: cargo xtask soak [--mounts N] [--concurrency C] [--secrets K] [--identities I]
+                        [--auth workload|instance] [--warmup W] [--checkpoints P] [--debug]
+
+  --mounts N        mounts after warm-up (default 100000)
+  --concurrency C   mounts in flight (default 16)
+  --secrets K       secrets per mount, 1..=3 (default 1)
+  --identities I    distinct service accounts for workload identity (default 20)
+  --auth A          workload (default) or instance
+  --warmup W        mounts before measuring (default 1000)
+  --checkpoints P   RSS samples over the run (default 10)
+  --debug           use debug builds (default: release)
+";
+
+#[derive(Debug)]
+struct Options {
+    mounts: usize,
+    concurrency: usize,
+    secrets: usize,
+    identities: usize,
+    auth: String,
+    warmup: usize,
+    checkpoints: usize,
+    release: bool,
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
+    let mut o = Options {
+        mounts: 100_000,
+        concurrency: 16,
+        secrets: 1,
+        identities: 20,
+        auth: "workload".into(),
+        warmup: 1000,
+        checkpoints: 10,
+        release: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| -> anyhow::Result<usize> {
+            it.next()
+                .with_context(|| format!("{name} needs a value"))?
+                .parse()
+                .with_context(|| format!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--mounts" => o.mounts = value("--mounts")?,
+            "--concurrency" => o.concurrency = value("--concurrency")?.max(1),
+            "--secrets" => o.secrets = value("--secrets")?.clamp(1, 3),
+            "--identities" => o.identities = value("--identities")?.max(1),
+            "--warmup" => o.warmup = value("--warmup")?,
+            "--checkpoints" => o.checkpoints = value("--checkpoints")?.max(1),
+            "--auth" => o.auth = it.next().context("--auth needs a value")?.clone(),
+            "--debug" => o.release = false,
+            "-h" | "--help" => {
+                eprint!("{HELP}");
+                return Ok(None);
+            }
+            other => bail!("unknown option {other:?}\n{HELP}"),
+        }
+    }
+    if o.auth != "workload" && o.auth != "instance" {
+        bail!("--auth must be workload or instance");
+    }
+    Ok(Some(o))
+}
+
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let Some(options) = parse(args)? else {
+        return Ok(());
+    };
+    let bin = build(options.release)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(soak(&bin, &options))
+}
+
+fn seed(options: &Options) -> String {
+    let mut seed = String::from(
+        "region = \"us-ashburn-1\"\nworkload_tenancy = \"ocid1.tenancy.oc1..soak\"\n\n[[vaults]]\nid = \"ocid1.vault.oc1.iad.soak\"\n\n[instance]\ntenancy = \"ocid1.tenancy.oc1..soakinstance\"\ninstance_id = \"ocid1.instance.oc1.iad.soak\"\n",
+    );
+    let workloads: Vec<String> = (0..options.identities)
+        .map(|i| format!("{{ namespace = \"soak\", service_account = \"sa-{i}\" }}"))
+        .collect();
+    for s in 1..=3 {
+        let _ = write!(
+            seed,
+            "\n[[secrets]]\nid = \"ocid1.vaultsecret.oc1.iad.soak{s}\"\nname = \"s{s}\"\nvault_id = \"ocid1.vault.oc1.iad.soak\"\n\n[[secrets.versions]]\nnumber = 1\nstages = [\"CURRENT\", \"LATEST\"]\ncontent = {{ text = \"value-of-s{s}-v1\" }}\n\n[secrets.access]\nworkloads = [{}]\ninstance_tenancies = [\"ocid1.tenancy.oc1..soakinstance\"]\n",
+            workloads.join(", ")
+        );
+    }
+    for i in 0..options.identities {
+        let _ = write!(
+            seed,
+            "\n[[service_accounts]]\nnamespace = \"soak\"\nname = \"sa-{i}\"\n"
+        );
+    }
+    seed.push_str("\n[lifetimes]\nrpst_secs = 86400\ninstance_token_secs = 86400\nkube_token_default_secs = 86400\nprovider_token_secs = 86400\n");
+    seed
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+/// Least-squares slope of y over x.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
+    });
+    if den == 0.0 { 0.0 } else { num / den }
+}
+
+async fn batch(
+    client: &csi_grpc::client::Client,
+    options: &Options,
+    start: usize,
+    count: usize,
+) -> (Vec<u64>, usize, Option<String>) {
+    let secrets: String = (1..=options.secrets)
+        .map(|s| format!("- name: s{s}\n"))
+        .collect();
+    let secrets = Arc::new(secrets);
+    let permits = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
+    let mut tasks = Vec::with_capacity(count);
+    for i in start..start + count {
+        let permit = permits.clone().acquire_owned().await;
+        let mut client = client.clone();
+        let attributes = json!({
+            "secrets": secrets.as_str(),
+            "vaultId": "ocid1.vault.oc1.iad.soak",
+            "authType": options.auth,
+            "secretProviderClass": "soak",
+            "csi.storage.k8s.io/pod.name": format!("pod-{i}"),
+            "csi.storage.k8s.io/pod.namespace": "soak",
+            "csi.storage.k8s.io/pod.uid": format!("00000000-0000-0000-0000-{i:012}"),
+            "csi.storage.k8s.io/serviceAccount.name": format!("sa-{}", i % options.identities),
+        });
+        let expected = options.secrets;
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            let started = Instant::now();
+            let result = client.mount(mount_request(attributes)).await;
+            let micros = started.elapsed().as_micros() as u64;
+            match result {
+                Ok(r) if r.get_ref().files.len() == expected => (micros, None),
+                Ok(r) => (micros, Some(format!("{} files", r.get_ref().files.len()))),
+                Err(status) => (
+                    micros,
+                    Some(format!("{:?}: {}", status.code(), status.message())),
+                ),
+            }
+        }));
+    }
+    let mut latencies = Vec::with_capacity(count);
+    let mut failures = 0;
+    let mut first_failure = None;
+    for task in tasks {
+        if let Ok((micros, failure)) = task.await {
+            latencies.push(micros);
+            if let Some(failure) = failure {
+                failures += 1;
+                first_failure.get_or_insert(failure);
+            }
+        }
+    }
+    (latencies, failures, first_failure)
+}
+
+async fn soak(bin: &Path, options: &Options) -> anyhow::Result<()> {
+    let dir = root().join("target").join("soak");
+    std::fs::create_dir_all(&dir)?;
+    let seed_path = dir.join("seed.toml");
+    std::fs::write(&seed_path, seed(options))?;
+    let emulator = Emulator::start(bin, &seed_path, &dir.join("emulator")).await?;
+    let provider = Provider::start(
+        bin,
+        &emulator.config,
+        &dir,
+        &[("OCI_PROVIDER_LOG__LEVEL", "warn")],
+    )
+    .await?;
+    let result = measure(&provider, options).await;
+    let stopped = provider.stop().await;
+    emulator.stop().await;
+    result?;
+    stopped
+}
+
+async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
+    let pid = provider.pid().context("the provider has no pid")?;
+    let client = csi_grpc::client::connect_unix(&provider.socket).await?;
+    println!("soak: {options:?}");
+    let (_, warm_failures, warm_first) = batch(&client, options, 0, options.warmup).await;
+    if warm_failures > 0 {
+        bail!(
+            "{warm_failures} of {} warm-up mounts failed, first: {}",
+            options.warmup,
+            warm_first.unwrap_or_default()
+        );
+    }
+    let before = provider.metrics().await?;
+    let requests_before = metric_sum(&before, "oci_provider_upstream_requests_total");
+    println!(
+        "\n{:>9} {:>9} {:>10} {:>9} {:>8} {:>8} {:>6}",
+        "mounts", "rss_kib", "mounts/s", "open_conn", "p50_ms", "p99_ms", "fail"
+    );
+    let mut points = vec![(0.0, rss_kib(pid) as f64)];
+    println!(
+        "{:>9} {:>9} {:>10} {:>9} {:>8} {:>8} {:>6}",
+        0,
+        points[0].1,
+        "-",
+        metric_sum(&before, "oci_provider_upstream_connections_open"),
+        "-",
+        "-",
+        0
+    );
+    let chunk = options.mounts.div_ceil(options.checkpoints).max(1);
+    let mut done = 0;
+    let mut all = Vec::with_capacity(options.mounts);
+    let mut failures = 0;
+    let mut first_failure = None;
+    let started = Instant::now();
+    while done < options.mounts {
+        let count = chunk.min(options.mounts - done);
+        let t = Instant::now();
+        let (mut latencies, failed, first) =
+            batch(&client, options, options.warmup + done, count).await;
+        let rate = count as f64 / t.elapsed().as_secs_f64();
+        done += count;
+        failures += failed;
+        if first_failure.is_none() {
+            first_failure = first;
+        }
+        let rss = rss_kib(pid);
+        points.push((done as f64, rss as f64));
+        let metrics = provider.metrics().await?;
+        latencies.sort_unstable();
+        println!(
+            "{done:>9} {rss:>9} {rate:>10.0} {:>9} {:>8.2} {:>8.2} {failed:>6}",
+            metric_sum(&metrics, "oci_provider_upstream_connections_open"),
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+        );
+        all.extend(latencies);
+    }
+    let elapsed = started.elapsed();
+    all.sort_unstable();
+    let after = provider.metrics().await?;
+    let requests = metric_sum(&after, "oci_provider_upstream_requests_total") - requests_before;
+    let kib_per_1000 = slope(&points) * 1000.0;
+    let growth =
+        points.last().map(|p| p.1).unwrap_or(0.0) - points.first().map(|p| p.1).unwrap_or(0.0);
+    println!(
+        "\n{} mounts ({} secrets each, {} auth, {} identities, concurrency {}) in {:.1} s: {:.0} mounts/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {failures} failures",
+        options.mounts,
+        options.secrets,
+        options.auth,
+        options.identities,
+        options.concurrency,
+        elapsed.as_secs_f64(),
+        options.mounts as f64 / elapsed.as_secs_f64(),
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        percentile(&all, 1.0),
+    );
+    println!(
+        "RSS after warm-up: {:.0} KiB -> {:.0} KiB (growth {growth:.0} KiB, slope {kib_per_1000:.2} KiB per 1000 mounts); upstream connections open: {}, opened in all: {}; upstream requests per mount: {:.3}",
+        points.first().map(|p| p.1).unwrap_or(0.0),
+        points.last().map(|p| p.1).unwrap_or(0.0),
+        metric_sum(&after, "oci_provider_upstream_connections_open"),
+        metric_sum(&after, "oci_provider_upstream_connections_opened_total"),
+        requests / options.mounts.max(1) as f64,
+    );
+    if let Some(first) = first_failure {
+        println!("first failure: {first}");
+    }
+    Ok(())
+}
