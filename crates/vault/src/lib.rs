@@ -1,1 +1,30 @@
-//! placeholder
+//! The OCI Secrets API client (spec section 2) as a tower service.
+//!
+//! [`VaultClient`] turns a [`SecretRequest`] (which secret, which version, as which
+//! [`auth::Identity`], from which endpoint, by when) into a [`SecretBundle`]:
+//!
+//! - GetSecretBundleByName (`POST .../secretbundles/actions/getByName`, parameters in the
+//!   query, empty body) or GetSecretBundle (`GET .../secretbundles/{secretId}`), with a
+//!   stage, a version number or a version name, sent exactly as the Go SDK sends them;
+//! - through an inner service that signs and sends (`auth::Signing<transport::HttpService>`
+//!   in production), each attempt carrying the identity and a [`transport::Deadline`];
+//! - transient failures (409 `IncorrectState`, 429, 5xx but 501 `MethodNotImplemented`,
+//!   connection errors) retried with exponential backoff and jitter per [`RetryPolicy`],
+//!   honouring `Retry-After`, never sleeping past the deadline;
+//! - the answer validated and its content base64-decoded into zeroizing bytes
+//!   ([`SecretContent`], redacted in `Debug`);
+//! - every failure a [`VaultError`] with an [`ErrorKind`], naming the secret, the principal
+//!   and OCI's `opc-request-id`, never the secret bytes.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod bundle;
+mod client;
+mod error;
+mod request;
+mod retry;
+
+pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
+pub use client::{DEFAULT_USER_AGENT, VaultClient};
+pub use error::{ErrorKind, OciError, Stopped, VaultError};
+pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
+pub use retry::RetryPolicy;

@@ -1,0 +1,571 @@
+//! The Secrets client: one request per attempt, retries with backoff, decoding.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use auth::BoxError;
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::{HeaderName, Request, Response};
+use tokio::time::Instant;
+use tower::{Service, ServiceExt as _};
+
+use crate::bundle::{self, SecretBundle};
+use crate::error::{OciError, Stopped, VaultError};
+use crate::request::SecretRequest;
+use crate::retry::{RetryPolicy, unit_random};
+
+/// The request id header OCI reads and echoes.
+const OPC_REQUEST_ID: HeaderName = HeaderName::from_static("opc-request-id");
+/// Tells OCI whether the client retries (spec 2.4).
+const OPC_CLIENT_RETRIES: HeaderName = HeaderName::from_static("opc-client-retries");
+
+/// The default `User-Agent`.
+pub const DEFAULT_USER_AGENT: &str =
+    concat!("oci-secrets-store-csi-driver-provider/", env!("CARGO_PKG_VERSION"));
+
+/// The OCI Secrets API client as a tower service: a [`SecretRequest`] in, a
+/// [`SecretBundle`] out.
+///
+/// `S` sends signed requests: in production `auth::Signing<transport::HttpService>` (the
+/// signing layer over the one transport). Each attempt builds a fresh request (new
+/// `opc-request-id`, and the signing layer below sets a fresh `date`), carrying the
+/// request's [`auth::Identity`] and a [`transport::Deadline`] in its extensions.
+///
+/// ```no_run
+/// # async fn example(http: transport::HttpService, credentials: std::sync::Arc<dyn auth::Credentials>)
+/// # -> Result<(), oci_csi_vault::VaultError> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use oci_csi_vault::{RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient};
+/// use tower::{Layer as _, ServiceExt as _};
+///
+/// let signed = auth::SigningLayer::new(credentials, Arc::new(auth::SystemClock)).layer(http);
+/// let client = VaultClient::new(signed, RetryPolicy::default());
+/// let bundle = client
+///     .oneshot(SecretRequest {
+///         base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
+///         identity: auth::Identity::Instance,
+///         secret: SecretRef::ByName { vault_id: "ocid1.vault.oc1..v".into(), name: "db".into() },
+///         selector: Selector::Stage(Stage::Current),
+///         deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+///     })
+///     .await?;
+/// println!("version {}", bundle.version_number);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct VaultClient<S> {
+    http: S,
+    retry: RetryPolicy,
+    user_agent: HeaderValue,
+}
+
+impl<S> fmt::Debug for VaultClient<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VaultClient")
+            .field("retry", &self.retry)
+            .field("user_agent", &self.user_agent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> VaultClient<S> {
+    /// A client sending through `http` (which must sign) with this retry policy.
+    pub fn new(http: S, retry: RetryPolicy) -> Self {
+        Self {
+            http,
+            retry,
+            user_agent: HeaderValue::from_static(DEFAULT_USER_AGENT),
+        }
+    }
+
+    /// Replaces the `User-Agent` (e.g. to append `OCI_SDK_APPEND_USER_AGENT`). A value that
+    /// is not a valid header keeps the default.
+    pub fn with_user_agent(mut self, user_agent: &str) -> Self {
+        if let Ok(value) = HeaderValue::from_str(user_agent) {
+            self.user_agent = value;
+        }
+        self
+    }
+
+    /// The retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+}
+
+impl<S, E> Service<SecretRequest> for VaultClient<S>
+where
+    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    type Response = SecretBundle;
+    type Error = VaultError;
+    type Future = Pin<Box<dyn Future<Output = Result<SecretBundle, VaultError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), VaultError>> {
+        // Each call drives its own clone of the inner service to readiness before every
+        // attempt, so the client itself is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: SecretRequest) -> Self::Future {
+        let client = Fetch {
+            http: self.http.clone(),
+            retry: self.retry.clone(),
+            user_agent: self.user_agent.clone(),
+            secret: request.describe(),
+            request,
+        };
+        Box::pin(client.run())
+    }
+}
+
+/// One fetch in progress.
+struct Fetch<S> {
+    http: S,
+    retry: RetryPolicy,
+    user_agent: HeaderValue,
+    secret: String,
+    request: SecretRequest,
+}
+
+impl<S, E> Fetch<S>
+where
+    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    async fn run(mut self) -> Result<SecretBundle, VaultError> {
+        let deadline = self.request.deadline;
+        let max_attempts = self.retry.max_attempts.max(1);
+        let mut attempts = 0u32;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(VaultError::DeadlineExceeded {
+                    secret: self.secret.clone(),
+                    principal: self.request.identity.clone(),
+                    attempts,
+                });
+            }
+            attempts += 1;
+            let error = match self.attempt(attempts, max_attempts).await {
+                Ok(bundle) => return Ok(bundle),
+                Err(error) => error,
+            };
+            let now = Instant::now();
+            if !error.is_retryable() || (now >= deadline && attempts == 1) {
+                return Err(error);
+            }
+            if attempts >= max_attempts {
+                return Err(self.give_up(attempts, Stopped::MaxAttempts, error));
+            }
+            let retry_after = error.retry_after_secs().map(Duration::from_secs);
+            let delay = self.retry.delay(attempts, retry_after, unit_random());
+            if now + delay >= deadline {
+                return Err(self.give_up(attempts, Stopped::Deadline, error));
+            }
+            tracing::debug!(
+                secret = %self.secret,
+                principal = %self.request.identity,
+                attempt = attempts,
+                error = %error,
+                delay_ms = delay.as_millis() as u64,
+                "retrying OCI secrets call"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn give_up(&self, attempts: u32, stopped: Stopped, last: VaultError) -> VaultError {
+        tracing::debug!(
+            secret = %self.secret,
+            principal = %self.request.identity,
+            attempts,
+            ?stopped,
+            "giving up on OCI secrets call"
+        );
+        VaultError::Exhausted {
+            attempts,
+            stopped,
+            last: Box::new(last),
+        }
+    }
+
+    async fn attempt(
+        &mut self,
+        attempt: u32,
+        max_attempts: u32,
+    ) -> Result<SecretBundle, VaultError> {
+        let request_id = new_request_id();
+        let http_request = self.build(request_id.as_deref(), max_attempts > 1)?;
+        let method = http_request.method().clone();
+        let deadline = self.request.deadline;
+        // The transport bounds the exchange by the deadline; this outer bound also covers
+        // the signing layer, which may have to exchange a token first.
+        let exchange = async {
+            let service = self.http.ready().await.map_err(Into::into)?;
+            service.call(http_request).await.map_err(Into::into)
+        };
+        let response = match tokio::time::timeout_at(deadline, exchange).await {
+            Err(_) => {
+                return Err(VaultError::DeadlineExceeded {
+                    secret: self.secret.clone(),
+                    principal: self.request.identity.clone(),
+                    attempts: attempt,
+                });
+            }
+            Ok(Err(error)) => {
+                return Err(VaultError::from_inner(
+                    self.secret.clone(),
+                    self.request.identity.clone(),
+                    error,
+                    request_id,
+                ));
+            }
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let headers = response.headers();
+        let opc_request_id = header_str(headers, &OPC_REQUEST_ID)
+            .map(str::to_owned)
+            .or(request_id);
+        tracing::debug!(
+            secret = %self.secret,
+            principal = %self.request.identity,
+            %method,
+            attempt,
+            status = status.as_u16(),
+            opc_request_id = opc_request_id.as_deref().unwrap_or(""),
+            "OCI secrets call answered"
+        );
+        if status.is_success() {
+            return bundle::parse(response.body(), opc_request_id.clone()).map_err(|reason| {
+                VaultError::Malformed {
+                    secret: self.secret.clone(),
+                    principal: self.request.identity.clone(),
+                    reason,
+                    opc_request_id,
+                }
+            });
+        }
+        let retry_after_secs =
+            header_str(headers, &RETRY_AFTER).and_then(|v| v.trim().parse::<u64>().ok());
+        let oci = OciError::from_body(
+            status.as_u16(),
+            header_str(headers, &CONTENT_TYPE),
+            response.body(),
+        );
+        Err(VaultError::from_status(
+            self.secret.clone(),
+            self.request.identity.clone(),
+            oci,
+            opc_request_id,
+            retry_after_secs,
+        ))
+    }
+
+    /// The HTTP request of one attempt (spec 2.4).
+    fn build(
+        &self,
+        request_id: Option<&str>,
+        retries: bool,
+    ) -> Result<Request<Bytes>, VaultError> {
+        let (method, uri) = self.request.method_and_uri();
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(USER_AGENT, self.user_agent.clone())
+            .header(
+                OPC_CLIENT_RETRIES,
+                HeaderValue::from_static(if retries { "true" } else { "false" }),
+            )
+            .extension(self.request.identity.clone())
+            .extension(transport::Deadline(self.request.deadline));
+        if let Some(id) = request_id {
+            builder = builder.header(OPC_REQUEST_ID, id);
+        }
+        builder
+            .body(Bytes::new())
+            .map_err(|e| VaultError::InvalidRequest {
+                secret: self.secret.clone(),
+                reason: format!("{e} (base URL {:?})", self.request.base_url),
+            })
+    }
+}
+
+fn header_str<'a>(headers: &'a http::HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A fresh `opc-request-id`: 16 random bytes as 32 lower-case hex characters, like the
+/// SDK. `None` if the system RNG fails; the header is optional.
+fn new_request_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut bytes).ok()?;
+    let mut id = String::with_capacity(32);
+    for byte in bytes {
+        id.push(char::from(HEX[usize::from(byte >> 4)]));
+        id.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    Some(id)
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use auth::Identity;
+    use tower::service_fn;
+
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::request::{SecretRef, Selector, Stage};
+
+    const BUNDLE: &str = r#"{"secretId":"ocid1.vaultsecret.oc1..s","versionNumber":1,
+        "secretBundleContent":{"contentType":"BASE64","content":"aGk="},"stages":["CURRENT"]}"#;
+
+    fn reply(status: u16, headers: &[(&str, &str)], body: &str) -> Response<Bytes> {
+        let mut builder = Response::builder().status(status);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(Bytes::from(body.to_owned())).unwrap()
+    }
+
+    fn oci(status: u16, code: &str) -> Response<Bytes> {
+        reply(
+            status,
+            &[("content-type", "application/json"), ("opc-request-id", "RID")],
+            &format!(r#"{{"code":"{code}","message":"m"}}"#),
+        )
+    }
+
+    /// A fake inner service answering from a script, recording each request and the
+    /// virtual time it arrived.
+    #[derive(Clone, Default)]
+    struct Script {
+        answers: Arc<Mutex<Vec<Response<Bytes>>>>,
+        seen: Arc<Mutex<Vec<(Instant, Request<Bytes>)>>>,
+    }
+
+    impl Script {
+        fn new(answers: Vec<Response<Bytes>>) -> Self {
+            Self {
+                answers: Arc::new(Mutex::new(answers.into_iter().rev().collect())),
+                seen: Arc::default(),
+            }
+        }
+
+        fn client(&self, retry: RetryPolicy) -> VaultClient<Script> {
+            VaultClient::new(self.clone(), retry)
+        }
+
+        fn times(&self) -> Vec<Instant> {
+            self.seen.lock().unwrap().iter().map(|(t, _)| *t).collect()
+        }
+    }
+
+    impl Service<Request<Bytes>> for Script {
+        type Response = Response<Bytes>;
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+            self.seen.lock().unwrap().push((Instant::now(), request));
+            let answer = self.answers.lock().unwrap().pop();
+            Box::pin(async move { Ok(answer.unwrap_or_else(|| reply(200, &[], BUNDLE))) })
+        }
+    }
+
+    fn request(deadline: Duration) -> SecretRequest {
+        SecretRequest {
+            base_url: "https://secrets.example.com".into(),
+            identity: Identity::Instance,
+            secret: SecretRef::ByName {
+                vault_id: "ocid1.vault.oc1..v".into(),
+                name: "db".into(),
+            },
+            selector: Selector::Stage(Stage::Current),
+            deadline: Instant::now() + deadline,
+        }
+    }
+
+    fn no_jitter() -> RetryPolicy {
+        RetryPolicy {
+            jitter: false,
+            ..RetryPolicy::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_with_exponential_backoff_then_succeeds() {
+        let script = Script::new(vec![oci(503, "ServiceUnavailable"), oci(500, "X"), oci(409, "IncorrectState")]);
+        let start = Instant::now();
+        let bundle = script
+            .client(no_jitter())
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(bundle.content.expose(), b"hi");
+        let offsets: Vec<_> = script.times().iter().map(|t| (*t - start).as_millis()).collect();
+        assert_eq!(offsets, [0, 200, 600, 1400]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_attempt_carries_fresh_headers_identity_and_deadline() {
+        let script = Script::new(vec![oci(503, "ServiceUnavailable")]);
+        let req = request(Duration::from_secs(60));
+        let deadline = req.deadline;
+        script.client(no_jitter()).oneshot(req).await.unwrap();
+        let seen = script.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        let ids: Vec<_> = seen
+            .iter()
+            .map(|(_, r)| r.headers()["opc-request-id"].to_str().unwrap().to_owned())
+            .collect();
+        assert_ne!(ids[0], ids[1]);
+        for (_, r) in seen.iter() {
+            let id = r.headers()["opc-request-id"].to_str().unwrap();
+            assert_eq!(id.len(), 32);
+            assert!(id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            assert_eq!(r.method(), http::Method::POST);
+            assert!(r.body().is_empty());
+            assert_eq!(r.headers()["accept"], "application/json");
+            assert_eq!(r.headers()["content-type"], "application/json");
+            assert_eq!(r.headers()["opc-client-retries"], "true");
+            assert!(
+                r.headers()["user-agent"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("oci-secrets-store-csi-driver-provider/")
+            );
+            assert_eq!(r.extensions().get::<Identity>(), Some(&Identity::Instance));
+            assert_eq!(r.extensions().get::<transport::Deadline>().map(|d| d.0), Some(deadline));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_honoured() {
+        let throttled = reply(429, &[("retry-after", "3")], r#"{"code":"TooManyRequests","message":"slow down"}"#);
+        let script = Script::new(vec![throttled]);
+        let start = Instant::now();
+        script
+            .client(RetryPolicy::default())
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let times = script.times();
+        assert_eq!(times.len(), 2);
+        assert!(times[1] - start >= Duration::from_secs(3));
+        assert!(times[1] - start < Duration::from_millis(3300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_before_a_sleep_that_would_cross_the_deadline() {
+        let script = Script::new(vec![oci(503, "ServiceUnavailable"); 10]);
+        let start = Instant::now();
+        // Waits of 200 and 400 ms fit in 1 s; the third (800 ms, at 600 ms) would not.
+        let error = script
+            .client(no_jitter())
+            .oneshot(request(Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+        assert_eq!(script.times().len(), 3);
+        assert!(Instant::now() - start < Duration::from_secs(1));
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert!(matches!(error, VaultError::Exhausted { attempts: 3, stopped: Stopped::Deadline, .. }));
+        assert!(error.to_string().contains("the next attempt would start after the deadline"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_retry_after_ends_in_resource_exhausted_without_sleeping() {
+        let throttled = reply(429, &[("retry-after", "30")], r#"{"code":"TooManyRequests","message":"m"}"#);
+        let script = Script::new(vec![throttled]);
+        let start = Instant::now();
+        let error = script
+            .client(RetryPolicy::default())
+            .oneshot(request(Duration::from_secs(5)))
+            .await
+            .unwrap_err();
+        assert_eq!(Instant::now(), start);
+        assert_eq!(script.times().len(), 1);
+        assert_eq!(error.kind(), ErrorKind::ResourceExhausted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_attempts_bounds_the_retries() {
+        let script = Script::new(vec![oci(502, "BadGateway"); 10]);
+        let policy = RetryPolicy { max_attempts: 3, ..no_jitter() };
+        let error = script
+            .client(policy)
+            .oneshot(request(Duration::from_secs(600)))
+            .await
+            .unwrap_err();
+        assert_eq!(script.times().len(), 3);
+        assert!(matches!(error, VaultError::Exhausted { attempts: 3, stopped: Stopped::MaxAttempts, .. }));
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert_eq!(error.opc_request_id(), Some("RID"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permanent_errors_are_not_retried() {
+        for (status, code) in [(400, "InvalidParameter"), (401, "NotAuthenticated"), (404, "NotAuthorizedOrNotFound"), (501, "MethodNotImplemented"), (409, "Conflict")] {
+            let script = Script::new(vec![oci(status, code)]);
+            let error = script
+                .client(RetryPolicy::default())
+                .oneshot(request(Duration::from_secs(60)))
+                .await
+                .unwrap_err();
+            assert_eq!(script.times().len(), 1, "{status}");
+            assert!(!matches!(error, VaultError::Exhausted { .. }), "{status}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_passed_deadline_sends_nothing() {
+        let script = Script::new(vec![]);
+        let error = script
+            .client(RetryPolicy::default())
+            .oneshot(request(Duration::ZERO))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::DeadlineExceeded);
+        assert!(script.times().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn signing_errors_are_unauthenticated_with_the_auth_message() {
+        let client = VaultClient::new(
+            service_fn(|_: Request<Bytes>| async {
+                Err::<Response<Bytes>, BoxError>(Box::new(auth::AuthError::MissingIdentity))
+            }),
+            RetryPolicy::default(),
+        );
+        let error = client.oneshot(request(Duration::from_secs(60))).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+        assert!(error.to_string().contains("carries no identity"), "{error}");
+    }
+
+    #[test]
+    fn request_ids_are_32_lower_case_hex_characters() {
+        let a = new_request_id().unwrap();
+        let b = new_request_id().unwrap();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| HEX.contains(&c)));
+        assert_ne!(a, b);
+    }
+}

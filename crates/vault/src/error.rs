@@ -1,0 +1,544 @@
+//! Errors of the Secrets client and their classification (spec 2.6 and 2.7).
+
+use std::fmt;
+
+use auth::{AuthError, BoxError, Identity};
+use transport::TransportError;
+
+use crate::bundle::MalformedBundle;
+
+/// The class of a failure, which the provider maps to a gRPC code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// OCI rejected the request as malformed (HTTP 400).
+    InvalidArgument,
+    /// The secret or version does not exist, or the principal may not read it (HTTP 404).
+    NotFound,
+    /// The principal is known but not allowed (HTTP 403).
+    PermissionDenied,
+    /// OCI did not accept the signature or key (HTTP 401), or the request could not be
+    /// signed.
+    Unauthenticated,
+    /// OCI throttled the request (HTTP 429) until the retries or the deadline ran out.
+    ResourceExhausted,
+    /// OCI or the network failed (5xx, 409 `IncorrectState`, connection errors) until the
+    /// retries or the deadline ran out.
+    Unavailable,
+    /// The deadline passed during an attempt.
+    DeadlineExceeded,
+    /// Anything that is a bug or a misconfiguration: an unusable response, a bad endpoint.
+    Internal,
+}
+
+/// An OCI error body (`{"code": "...", "message": "..."}`), or what stands for it when the
+/// body is not one (code `BadErrorResponse`, as the Go SDK synthesises).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciError {
+    /// The HTTP status.
+    pub status: u16,
+    /// OCI's error code, e.g. `NotAuthorizedOrNotFound`.
+    pub code: String,
+    /// OCI's message.
+    pub message: String,
+}
+
+/// The longest OCI message we keep; the rest is cut so one answer cannot flood a log line.
+const MAX_MESSAGE_CHARS: usize = 512;
+
+impl OciError {
+    /// Reads an error body. A body that is not an OCI error JSON object is never quoted
+    /// (an HTML page from a proxy says nothing useful and may be large).
+    pub(crate) fn from_body(status: u16, content_type: Option<&str>, body: &[u8]) -> Self {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            code: Option<String>,
+            message: Option<String>,
+        }
+        match serde_json::from_slice::<Body>(body) {
+            Ok(Body {
+                code: Some(code),
+                message,
+            }) if !code.is_empty() => OciError {
+                status,
+                code: truncate(code),
+                message: truncate(message.unwrap_or_default()),
+            },
+            _ => OciError {
+                status,
+                code: "BadErrorResponse".to_owned(),
+                message: format!(
+                    "HTTP {status} with a body that is not an OCI error ({} bytes of {})",
+                    body.len(),
+                    content_type.unwrap_or("unknown content type")
+                ),
+            },
+        }
+    }
+}
+
+fn truncate(mut text: String) -> String {
+    if let Some((cut, _)) = text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+impl fmt::Display for OciError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HTTP {} {}: {}", self.status, self.code, self.message)
+    }
+}
+
+/// Renders an optional request id.
+struct Rid<'a>(&'a Option<String>);
+
+impl fmt::Display for Rid<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(id) => write!(f, "opc-request-id {id}"),
+            None => f.write_str("no opc-request-id"),
+        }
+    }
+}
+
+/// Renders an error and its sources, `a: b: c`, so a message that goes to the driver
+/// carries the root cause (a refused connection, an unknown API key).
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            write!(f, ": {error}")?;
+            source = error.source();
+        }
+        Ok(())
+    }
+}
+
+/// Why a secret bundle could not be fetched.
+///
+/// Messages name the secret (name and vault, or OCID, and the version selector), the
+/// principal and OCI's `opc-request-id`; never secret bytes or credentials. Where a cause
+/// is chained (`Signing`, `Transport`, `Other`), the message already includes it, so callers
+/// can show `to_string()` alone.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VaultError {
+    /// HTTP 404: unknown name, vault or version, or no IAM permission (OCI does not say
+    /// which).
+    #[error(
+        "{secret} not found, or the principal may not read it: check the IAM policy grants \"read secret-bundles\" on the vault's compartment (principal: {principal}; {oci}; {})",
+        Rid(.opc_request_id)
+    )]
+    NotFound {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// OCI's answer.
+        oci: OciError,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+    },
+    /// HTTP 401: OCI did not accept the signature, key or token.
+    #[error("OCI did not authenticate {principal} reading {secret}: {oci} ({})", Rid(.opc_request_id))]
+    Unauthenticated {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// OCI's answer.
+        oci: OciError,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+    },
+    /// HTTP 403.
+    #[error("OCI denied {principal} access to {secret}: {oci} ({})", Rid(.opc_request_id))]
+    PermissionDenied {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// OCI's answer.
+        oci: OciError,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+    },
+    /// HTTP 400.
+    #[error("OCI rejected the request for {secret} as {principal}: {oci} ({})", Rid(.opc_request_id))]
+    InvalidArgument {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// OCI's answer.
+        oci: OciError,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+    },
+    /// Any other error status: 429 (ResourceExhausted), 409 and 5xx (Unavailable; retried
+    /// when spec 2.7 says so), other 4xx (Internal).
+    #[error("OCI could not serve {secret} to {principal}: {oci} ({})", Rid(.opc_request_id))]
+    Status {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// OCI's answer.
+        oci: OciError,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+        /// `Retry-After`, in seconds, if OCI sent one.
+        retry_after_secs: Option<u64>,
+    },
+    /// A 200 answer that is not a usable SecretBundle.
+    #[error("malformed response from OCI for {secret} as {principal}: {reason} ({})", Rid(.opc_request_id))]
+    Malformed {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// What is wrong.
+        #[source]
+        reason: MalformedBundle,
+        /// OCI's request id.
+        opc_request_id: Option<String>,
+    },
+    /// The request could not be signed (no key for the principal, token exchange failed).
+    #[error("cannot sign the request for {secret} as {principal}: {}", Chain(.source))]
+    Signing {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// The signing layer's error.
+        #[source]
+        source: AuthError,
+    },
+    /// The exchange failed below HTTP: connect, TLS, broken connection, timeout.
+    #[error("cannot reach OCI for {secret} as {principal}: {} (sent {})", Chain(.source), Rid(.opc_request_id))]
+    Transport {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// The transport's error.
+        #[source]
+        source: TransportError,
+        /// The request id we sent (no answer carried OCI's).
+        opc_request_id: Option<String>,
+    },
+    /// The deadline passed outside the transport (while signing, or before a first
+    /// attempt could start).
+    #[error("deadline exceeded fetching {secret} as {principal} after {attempts} {}", attempt_word(*.attempts))]
+    DeadlineExceeded {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// Attempts started.
+        attempts: u32,
+    },
+    /// The request could not be built (a bad base URL).
+    #[error("cannot build the request for {secret}: {reason}")]
+    InvalidRequest {
+        /// The secret, rendered.
+        secret: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The inner service failed with an error of no known type.
+    #[error("fetching {secret} as {principal} failed: {}", Chain(.source.as_ref()))]
+    Other {
+        /// The secret, rendered.
+        secret: String,
+        /// Who asked.
+        principal: Identity,
+        /// The error.
+        #[source]
+        source: BoxError,
+    },
+    /// A transient failure persisted: the retries ran out, or the next sleep would have
+    /// passed the deadline. The kind is the last failure's (ResourceExhausted after 429,
+    /// Unavailable after 5xx or connection errors), not DeadlineExceeded: it says why the
+    /// fetch failed rather than that we stopped waiting.
+    #[error("{last}; gave up after {attempts} {}: {stopped}", attempt_word(*.attempts))]
+    Exhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// Why retrying stopped.
+        stopped: Stopped,
+        /// The last attempt's failure.
+        #[source]
+        last: Box<VaultError>,
+    },
+}
+
+fn attempt_word(attempts: u32) -> &'static str {
+    if attempts == 1 { "attempt" } else { "attempts" }
+}
+
+/// Why the client stopped retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// [`crate::RetryPolicy::max_attempts`] attempts were made.
+    MaxAttempts,
+    /// The next attempt would have started after the deadline.
+    Deadline,
+}
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stopped::MaxAttempts => "the retry limit was reached",
+            Stopped::Deadline => "the next attempt would start after the deadline",
+        })
+    }
+}
+
+impl VaultError {
+    /// The class of the failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            VaultError::NotFound { .. } => ErrorKind::NotFound,
+            VaultError::Unauthenticated { .. } | VaultError::Signing { .. } => {
+                ErrorKind::Unauthenticated
+            }
+            VaultError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+            VaultError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            VaultError::Status { oci, .. } => match oci.status {
+                429 => ErrorKind::ResourceExhausted,
+                409 | 500..=599 => ErrorKind::Unavailable,
+                _ => ErrorKind::Internal,
+            },
+            VaultError::Malformed { .. }
+            | VaultError::InvalidRequest { .. }
+            | VaultError::Other { .. } => ErrorKind::Internal,
+            VaultError::Transport { source, .. } => match source.kind() {
+                transport::ErrorKind::Connect | transport::ErrorKind::Io => {
+                    ErrorKind::Unavailable
+                }
+                transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
+                transport::ErrorKind::Request | transport::ErrorKind::TooLarge => {
+                    ErrorKind::Internal
+                }
+            },
+            VaultError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
+            VaultError::Exhausted { last, .. } => last.kind(),
+        }
+    }
+
+    /// Whether the failure is transient, per the Go SDK's default policy (spec 2.7):
+    /// 409 `IncorrectState`, 429, 500-504 except 501 `MethodNotImplemented`, and
+    /// connection failures. The client retries these itself; an [`VaultError::Exhausted`]
+    /// error is transient but already retried. A transport timeout counts as transient
+    /// (the client only retries it while the deadline has not passed).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            VaultError::Status { oci, .. } => match oci.status {
+                409 => oci.code == "IncorrectState",
+                429 | 500 | 502..=504 => true,
+                501 => oci.code != "MethodNotImplemented",
+                _ => false,
+            },
+            VaultError::Transport { source, .. } => matches!(
+                source.kind(),
+                transport::ErrorKind::Connect
+                    | transport::ErrorKind::Io
+                    | transport::ErrorKind::Timeout
+            ),
+            VaultError::Exhausted { last, .. } => last.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// OCI's `opc-request-id` of the answer (or, with no answer, the one we sent).
+    pub fn opc_request_id(&self) -> Option<&str> {
+        match self {
+            VaultError::NotFound { opc_request_id, .. }
+            | VaultError::Unauthenticated { opc_request_id, .. }
+            | VaultError::PermissionDenied { opc_request_id, .. }
+            | VaultError::InvalidArgument { opc_request_id, .. }
+            | VaultError::Status { opc_request_id, .. }
+            | VaultError::Malformed { opc_request_id, .. }
+            | VaultError::Transport { opc_request_id, .. } => opc_request_id.as_deref(),
+            VaultError::Exhausted { last, .. } => last.opc_request_id(),
+            _ => None,
+        }
+    }
+
+    /// OCI's error body, when OCI answered with an error status.
+    pub fn oci_error(&self) -> Option<&OciError> {
+        match self {
+            VaultError::NotFound { oci, .. }
+            | VaultError::Unauthenticated { oci, .. }
+            | VaultError::PermissionDenied { oci, .. }
+            | VaultError::InvalidArgument { oci, .. }
+            | VaultError::Status { oci, .. } => Some(oci),
+            VaultError::Exhausted { last, .. } => last.oci_error(),
+            _ => None,
+        }
+    }
+
+    /// `Retry-After` of a throttling or unavailable answer.
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            VaultError::Status {
+                retry_after_secs, ..
+            } => *retry_after_secs,
+            _ => None,
+        }
+    }
+
+    /// Classifies an error status answer.
+    pub(crate) fn from_status(
+        secret: String,
+        principal: Identity,
+        oci: OciError,
+        opc_request_id: Option<String>,
+        retry_after_secs: Option<u64>,
+    ) -> Self {
+        match oci.status {
+            400 => VaultError::InvalidArgument {
+                secret,
+                principal,
+                oci,
+                opc_request_id,
+            },
+            401 => VaultError::Unauthenticated {
+                secret,
+                principal,
+                oci,
+                opc_request_id,
+            },
+            403 => VaultError::PermissionDenied {
+                secret,
+                principal,
+                oci,
+                opc_request_id,
+            },
+            404 => VaultError::NotFound {
+                secret,
+                principal,
+                oci,
+                opc_request_id,
+            },
+            _ => VaultError::Status {
+                secret,
+                principal,
+                oci,
+                opc_request_id,
+                retry_after_secs,
+            },
+        }
+    }
+
+    /// Classifies an error of the inner (signing + transport) service.
+    pub(crate) fn from_inner(
+        secret: String,
+        principal: Identity,
+        error: BoxError,
+        sent_request_id: Option<String>,
+    ) -> Self {
+        let error = match error.downcast::<TransportError>() {
+            Ok(source) => {
+                return VaultError::Transport {
+                    secret,
+                    principal,
+                    source: *source,
+                    opc_request_id: sent_request_id,
+                };
+            }
+            Err(other) => other,
+        };
+        match error.downcast::<AuthError>() {
+            Ok(source) => VaultError::Signing {
+                secret,
+                principal,
+                source: *source,
+            },
+            Err(source) => VaultError::Other {
+                secret,
+                principal,
+                source,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(status: u16, code: &str) -> VaultError {
+        VaultError::from_status(
+            "secret \"s\" (stage CURRENT) in vault v".into(),
+            Identity::Instance,
+            OciError {
+                status,
+                code: code.into(),
+                message: "m".into(),
+            },
+            Some("RID".into()),
+            None,
+        )
+    }
+
+    #[test]
+    fn statuses_map_to_kinds_and_retryability_like_the_sdk() {
+        let cases = [
+            (400, "InvalidParameter", ErrorKind::InvalidArgument, false),
+            (401, "NotAuthenticated", ErrorKind::Unauthenticated, false),
+            (403, "NotAuthorized", ErrorKind::PermissionDenied, false),
+            (404, "NotAuthorizedOrNotFound", ErrorKind::NotFound, false),
+            (409, "IncorrectState", ErrorKind::Unavailable, true),
+            (409, "Conflict", ErrorKind::Unavailable, false),
+            (429, "TooManyRequests", ErrorKind::ResourceExhausted, true),
+            (500, "InternalServerError", ErrorKind::Unavailable, true),
+            (501, "MethodNotImplemented", ErrorKind::Unavailable, false),
+            (501, "Other", ErrorKind::Unavailable, true),
+            (502, "BadGateway", ErrorKind::Unavailable, true),
+            (503, "ServiceUnavailable", ErrorKind::Unavailable, true),
+            (504, "GatewayTimeout", ErrorKind::Unavailable, true),
+            (505, "HttpVersion", ErrorKind::Unavailable, false),
+            (405, "MethodNotAllowed", ErrorKind::Internal, false),
+        ];
+        for (code, oci_code, kind, retryable) in cases {
+            let error = status(code, oci_code);
+            assert_eq!(error.kind(), kind, "{code} {oci_code}");
+            assert_eq!(error.is_retryable(), retryable, "{code} {oci_code}");
+            assert_eq!(error.opc_request_id(), Some("RID"));
+        }
+    }
+
+    #[test]
+    fn non_json_error_bodies_become_bad_error_response_without_quoting() {
+        let oci = OciError::from_body(502, Some("text/html"), b"<html>secret page</html>");
+        assert_eq!(oci.code, "BadErrorResponse");
+        assert!(!oci.message.contains("secret page"), "{}", oci.message);
+        let oci = OciError::from_body(400, None, br#"{"code":"X","message":"y"}"#);
+        assert_eq!((oci.code.as_str(), oci.message.as_str()), ("X", "y"));
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = format!(r#"{{"code":"X","message":"{}"}}"#, "é".repeat(2000));
+        let oci = OciError::from_body(400, None, long.as_bytes());
+        assert_eq!(oci.message.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+
+    #[test]
+    fn exhausted_keeps_the_last_kind() {
+        let error = VaultError::Exhausted {
+            attempts: 5,
+            stopped: Stopped::MaxAttempts,
+            last: Box::new(status(429, "TooManyRequests")),
+        };
+        assert_eq!(error.kind(), ErrorKind::ResourceExhausted);
+        assert!(error.to_string().ends_with("gave up after 5 attempts: the retry limit was reached"));
+        assert_eq!(error.opc_request_id(), Some("RID"));
+    }
+}
