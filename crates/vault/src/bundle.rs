@@ -67,7 +67,9 @@ pub struct SecretBundle {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MalformedBundle {
     /// The body is not the JSON object expected (reported by position only).
-    #[error("the body is not a SecretBundle JSON object ({category} error at line {line}, column {column})")]
+    #[error(
+        "the body is not a SecretBundle JSON object ({category} error at line {line}, column {column})"
+    )]
     Json {
         /// serde_json's error category (`syntax`, `data`, `eof`, `io`).
         category: &'static str,
@@ -164,7 +166,10 @@ pub(crate) fn parse(
         .stages
         .unwrap_or_default()
         .into_iter()
-        .map(|s| s.parse::<Stage>().map_err(|_| MalformedBundle::UnknownStage(s)))
+        .map(|s| {
+            s.parse::<Stage>()
+                .map_err(|_| MalformedBundle::UnknownStage(s))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let content = raw
         .secret_bundle_content
@@ -193,13 +198,21 @@ pub(crate) fn parse(
 /// Decodes standard padded base64, skipping CR and LF like Go's decoder does.
 fn decode_base64(encoded: &[u8]) -> Result<Zeroizing<Vec<u8>>, MalformedBundle> {
     let mut compact = Zeroizing::new(Vec::with_capacity(encoded.len()));
-    compact.extend(encoded.iter().copied().filter(|b| *b != b'\r' && *b != b'\n'));
+    compact.extend(
+        encoded
+            .iter()
+            .copied()
+            .filter(|b| *b != b'\r' && *b != b'\n'),
+    );
     // Reserving the whole estimate up front keeps the decoder from reallocating, which
     // would leave an unwiped copy of part of the secret behind.
-    let mut decoded = Zeroizing::new(Vec::with_capacity(
-        base64::decoded_len_estimate(compact.len()),
-    ));
-    if STANDARD.decode_vec(compact.as_slice(), &mut decoded).is_err() {
+    let mut decoded = Zeroizing::new(Vec::with_capacity(base64::decoded_len_estimate(
+        compact.len(),
+    )));
+    if STANDARD
+        .decode_vec(compact.as_slice(), &mut decoded)
+        .is_err()
+    {
         decoded.zeroize();
         return Err(MalformedBundle::InvalidBase64);
     }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt as _};
 
 use crate::bundle::{self, SecretBundle};
-use crate::error::{OciError, Stopped, VaultError};
+use crate::error::{OciError, Stopped, Subject, VaultError};
 use crate::request::SecretRequest;
 use crate::retry::{RetryPolicy, unit_random};
 
@@ -24,8 +24,10 @@ const OPC_REQUEST_ID: HeaderName = HeaderName::from_static("opc-request-id");
 const OPC_CLIENT_RETRIES: HeaderName = HeaderName::from_static("opc-client-retries");
 
 /// The default `User-Agent`.
-pub const DEFAULT_USER_AGENT: &str =
-    concat!("oci-secrets-store-csi-driver-provider/", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_USER_AGENT: &str = concat!(
+    "oci-secrets-store-csi-driver-provider/",
+    env!("CARGO_PKG_VERSION")
+);
 
 /// The OCI Secrets API client as a tower service: a [`SecretRequest`] in, a
 /// [`SecretBundle`] out.
@@ -148,8 +150,7 @@ where
         loop {
             if Instant::now() >= deadline {
                 return Err(VaultError::DeadlineExceeded {
-                    secret: self.secret.clone(),
-                    principal: self.request.identity.clone(),
+                    subject: self.subject(),
                     attempts,
                 });
             }
@@ -180,6 +181,13 @@ where
             );
             tokio::time::sleep(delay).await;
         }
+    }
+
+    fn subject(&self) -> Box<Subject> {
+        Box::new(Subject {
+            secret: self.secret.clone(),
+            principal: self.request.identity.clone(),
+        })
     }
 
     fn give_up(&self, attempts: u32, stopped: Stopped, last: VaultError) -> VaultError {
@@ -215,18 +223,12 @@ where
         let response = match tokio::time::timeout_at(deadline, exchange).await {
             Err(_) => {
                 return Err(VaultError::DeadlineExceeded {
-                    secret: self.secret.clone(),
-                    principal: self.request.identity.clone(),
+                    subject: self.subject(),
                     attempts: attempt,
                 });
             }
             Ok(Err(error)) => {
-                return Err(VaultError::from_inner(
-                    self.secret.clone(),
-                    self.request.identity.clone(),
-                    error,
-                    request_id,
-                ));
+                return Err(VaultError::from_inner(self.subject(), error, request_id));
             }
             Ok(Ok(response)) => response,
         };
@@ -247,8 +249,7 @@ where
         if status.is_success() {
             return bundle::parse(response.body(), opc_request_id.clone()).map_err(|reason| {
                 VaultError::Malformed {
-                    secret: self.secret.clone(),
-                    principal: self.request.identity.clone(),
+                    subject: self.subject(),
                     reason,
                     opc_request_id,
                 }
@@ -262,8 +263,7 @@ where
             response.body(),
         );
         Err(VaultError::from_status(
-            self.secret.clone(),
-            self.request.identity.clone(),
+            self.subject(),
             oci,
             opc_request_id,
             retry_after_secs,
@@ -271,11 +271,7 @@ where
     }
 
     /// The HTTP request of one attempt (spec 2.4).
-    fn build(
-        &self,
-        request_id: Option<&str>,
-        retries: bool,
-    ) -> Result<Request<Bytes>, VaultError> {
+    fn build(&self, request_id: Option<&str>, retries: bool) -> Result<Request<Bytes>, VaultError> {
         let (method, uri) = self.request.method_and_uri();
         let mut builder = Request::builder()
             .method(method)
@@ -295,7 +291,7 @@ where
         builder
             .body(Bytes::new())
             .map_err(|e| VaultError::InvalidRequest {
-                secret: self.secret.clone(),
+                subject: self.subject(),
                 reason: format!("{e} (base URL {:?})", self.request.base_url),
             })
     }
@@ -345,17 +341,23 @@ mod tests {
     fn oci(status: u16, code: &str) -> Response<Bytes> {
         reply(
             status,
-            &[("content-type", "application/json"), ("opc-request-id", "RID")],
+            &[
+                ("content-type", "application/json"),
+                ("opc-request-id", "RID"),
+            ],
             &format!(r#"{{"code":"{code}","message":"m"}}"#),
         )
     }
+
+    /// A request the fake received, and when.
+    type Seen = (Instant, Request<Bytes>);
 
     /// A fake inner service answering from a script, recording each request and the
     /// virtual time it arrived.
     #[derive(Clone, Default)]
     struct Script {
         answers: Arc<Mutex<Vec<Response<Bytes>>>>,
-        seen: Arc<Mutex<Vec<(Instant, Request<Bytes>)>>>,
+        seen: Arc<Mutex<Vec<Seen>>>,
     }
 
     impl Script {
@@ -413,7 +415,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retries_with_exponential_backoff_then_succeeds() {
-        let script = Script::new(vec![oci(503, "ServiceUnavailable"), oci(500, "X"), oci(409, "IncorrectState")]);
+        let script = Script::new(vec![
+            oci(503, "ServiceUnavailable"),
+            oci(500, "X"),
+            oci(409, "IncorrectState"),
+        ]);
         let start = Instant::now();
         let bundle = script
             .client(no_jitter())
@@ -421,7 +427,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(bundle.content.expose(), b"hi");
-        let offsets: Vec<_> = script.times().iter().map(|t| (*t - start).as_millis()).collect();
+        let offsets: Vec<_> = script
+            .times()
+            .iter()
+            .map(|t| (*t - start).as_millis())
+            .collect();
         assert_eq!(offsets, [0, 200, 600, 1400]);
     }
 
@@ -441,7 +451,10 @@ mod tests {
         for (_, r) in seen.iter() {
             let id = r.headers()["opc-request-id"].to_str().unwrap();
             assert_eq!(id.len(), 32);
-            assert!(id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            );
             assert_eq!(r.method(), http::Method::POST);
             assert!(r.body().is_empty());
             assert_eq!(r.headers()["accept"], "application/json");
@@ -454,13 +467,20 @@ mod tests {
                     .starts_with("oci-secrets-store-csi-driver-provider/")
             );
             assert_eq!(r.extensions().get::<Identity>(), Some(&Identity::Instance));
-            assert_eq!(r.extensions().get::<transport::Deadline>().map(|d| d.0), Some(deadline));
+            assert_eq!(
+                r.extensions().get::<transport::Deadline>().map(|d| d.0),
+                Some(deadline)
+            );
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn retry_after_is_honoured() {
-        let throttled = reply(429, &[("retry-after", "3")], r#"{"code":"TooManyRequests","message":"slow down"}"#);
+        let throttled = reply(
+            429,
+            &[("retry-after", "3")],
+            r#"{"code":"TooManyRequests","message":"slow down"}"#,
+        );
         let script = Script::new(vec![throttled]);
         let start = Instant::now();
         script
@@ -487,13 +507,29 @@ mod tests {
         assert_eq!(script.times().len(), 3);
         assert!(Instant::now() - start < Duration::from_secs(1));
         assert_eq!(error.kind(), ErrorKind::Unavailable);
-        assert!(matches!(error, VaultError::Exhausted { attempts: 3, stopped: Stopped::Deadline, .. }));
-        assert!(error.to_string().contains("the next attempt would start after the deadline"), "{error}");
+        assert!(matches!(
+            error,
+            VaultError::Exhausted {
+                attempts: 3,
+                stopped: Stopped::Deadline,
+                ..
+            }
+        ));
+        assert!(
+            error
+                .to_string()
+                .contains("the next attempt would start after the deadline"),
+            "{error}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_long_retry_after_ends_in_resource_exhausted_without_sleeping() {
-        let throttled = reply(429, &[("retry-after", "30")], r#"{"code":"TooManyRequests","message":"m"}"#);
+        let throttled = reply(
+            429,
+            &[("retry-after", "30")],
+            r#"{"code":"TooManyRequests","message":"m"}"#,
+        );
         let script = Script::new(vec![throttled]);
         let start = Instant::now();
         let error = script
@@ -509,21 +545,37 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn max_attempts_bounds_the_retries() {
         let script = Script::new(vec![oci(502, "BadGateway"); 10]);
-        let policy = RetryPolicy { max_attempts: 3, ..no_jitter() };
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            ..no_jitter()
+        };
         let error = script
             .client(policy)
             .oneshot(request(Duration::from_secs(600)))
             .await
             .unwrap_err();
         assert_eq!(script.times().len(), 3);
-        assert!(matches!(error, VaultError::Exhausted { attempts: 3, stopped: Stopped::MaxAttempts, .. }));
+        assert!(matches!(
+            error,
+            VaultError::Exhausted {
+                attempts: 3,
+                stopped: Stopped::MaxAttempts,
+                ..
+            }
+        ));
         assert_eq!(error.kind(), ErrorKind::Unavailable);
         assert_eq!(error.opc_request_id(), Some("RID"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn permanent_errors_are_not_retried() {
-        for (status, code) in [(400, "InvalidParameter"), (401, "NotAuthenticated"), (404, "NotAuthorizedOrNotFound"), (501, "MethodNotImplemented"), (409, "Conflict")] {
+        for (status, code) in [
+            (400, "InvalidParameter"),
+            (401, "NotAuthenticated"),
+            (404, "NotAuthorizedOrNotFound"),
+            (501, "MethodNotImplemented"),
+            (409, "Conflict"),
+        ] {
             let script = Script::new(vec![oci(status, code)]);
             let error = script
                 .client(RetryPolicy::default())
@@ -555,7 +607,10 @@ mod tests {
             }),
             RetryPolicy::default(),
         );
-        let error = client.oneshot(request(Duration::from_secs(60))).await.unwrap_err();
+        let error = client
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Unauthenticated);
         assert!(error.to_string().contains("carries no identity"), "{error}");
     }

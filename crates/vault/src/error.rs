@@ -118,6 +118,16 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
+/// What a failed request was about: which secret (name and vault, or OCID, and the
+/// version selector, rendered) as which principal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subject {
+    /// The secret, e.g. `secret "db" (stage CURRENT) in vault ocid1.vault...`.
+    pub secret: String,
+    /// Who asked.
+    pub principal: Identity,
+}
+
 /// Why a secret bundle could not be fetched.
 ///
 /// Messages name the secret (name and vault, or OCID, and the version selector), the
@@ -132,48 +142,40 @@ pub enum VaultError {
     #[error(
         "{secret} not found, or the principal may not read it: check the IAM policy grants \"read secret-bundles\" on the vault's compartment (principal: {principal}; {oci}; {})",
         Rid(.opc_request_id)
-    )]
+    , secret = .subject.secret, principal = .subject.principal)]
     NotFound {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// OCI's answer.
         oci: OciError,
         /// OCI's request id.
         opc_request_id: Option<String>,
     },
     /// HTTP 401: OCI did not accept the signature, key or token.
-    #[error("OCI did not authenticate {principal} reading {secret}: {oci} ({})", Rid(.opc_request_id))]
+    #[error("OCI did not authenticate {principal} reading {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Unauthenticated {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// OCI's answer.
         oci: OciError,
         /// OCI's request id.
         opc_request_id: Option<String>,
     },
     /// HTTP 403.
-    #[error("OCI denied {principal} access to {secret}: {oci} ({})", Rid(.opc_request_id))]
+    #[error("OCI denied {principal} access to {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     PermissionDenied {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// OCI's answer.
         oci: OciError,
         /// OCI's request id.
         opc_request_id: Option<String>,
     },
     /// HTTP 400.
-    #[error("OCI rejected the request for {secret} as {principal}: {oci} ({})", Rid(.opc_request_id))]
+    #[error("OCI rejected the request for {secret} as {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     InvalidArgument {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// OCI's answer.
         oci: OciError,
         /// OCI's request id.
@@ -181,12 +183,10 @@ pub enum VaultError {
     },
     /// Any other error status: 429 (ResourceExhausted), 409 and 5xx (Unavailable; retried
     /// when spec 2.7 says so), other 4xx (Internal).
-    #[error("OCI could not serve {secret} to {principal}: {oci} ({})", Rid(.opc_request_id))]
+    #[error("OCI could not serve {secret} to {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Status {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// OCI's answer.
         oci: OciError,
         /// OCI's request id.
@@ -195,12 +195,10 @@ pub enum VaultError {
         retry_after_secs: Option<u64>,
     },
     /// A 200 answer that is not a usable SecretBundle.
-    #[error("malformed response from OCI for {secret} as {principal}: {reason} ({})", Rid(.opc_request_id))]
+    #[error("malformed response from OCI for {secret} as {principal}: {reason} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Malformed {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// What is wrong.
         #[source]
         reason: MalformedBundle,
@@ -208,23 +206,19 @@ pub enum VaultError {
         opc_request_id: Option<String>,
     },
     /// The request could not be signed (no key for the principal, token exchange failed).
-    #[error("cannot sign the request for {secret} as {principal}: {}", Chain(.source))]
+    #[error("cannot sign the request for {secret} as {principal}: {}", Chain(.source), secret = .subject.secret, principal = .subject.principal)]
     Signing {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// The signing layer's error.
         #[source]
-        source: AuthError,
+        source: Box<AuthError>,
     },
     /// The exchange failed below HTTP: connect, TLS, broken connection, timeout.
-    #[error("cannot reach OCI for {secret} as {principal}: {} (sent {})", Chain(.source), Rid(.opc_request_id))]
+    #[error("cannot reach OCI for {secret} as {principal}: {} (sent {})", Chain(.source), Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Transport {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// The transport's error.
         #[source]
         source: TransportError,
@@ -233,30 +227,26 @@ pub enum VaultError {
     },
     /// The deadline passed outside the transport (while signing, or before a first
     /// attempt could start).
-    #[error("deadline exceeded fetching {secret} as {principal} after {attempts} {}", attempt_word(*.attempts))]
+    #[error("deadline exceeded fetching {secret} as {principal} after {attempts} {}", attempt_word(*.attempts), secret = .subject.secret, principal = .subject.principal)]
     DeadlineExceeded {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// Attempts started.
         attempts: u32,
     },
     /// The request could not be built (a bad base URL).
-    #[error("cannot build the request for {secret}: {reason}")]
+    #[error("cannot build the request for {secret}: {reason}", secret = .subject.secret)]
     InvalidRequest {
-        /// The secret, rendered.
-        secret: String,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// What is wrong.
         reason: String,
     },
     /// The inner service failed with an error of no known type.
-    #[error("fetching {secret} as {principal} failed: {}", Chain(.source.as_ref()))]
+    #[error("fetching {secret} as {principal} failed: {}", Chain(.source.as_ref()), secret = .subject.secret, principal = .subject.principal)]
     Other {
-        /// The secret, rendered.
-        secret: String,
-        /// Who asked.
-        principal: Identity,
+        /// The secret and the principal.
+        subject: Box<Subject>,
         /// The error.
         #[source]
         source: BoxError,
@@ -318,9 +308,7 @@ impl VaultError {
             | VaultError::InvalidRequest { .. }
             | VaultError::Other { .. } => ErrorKind::Internal,
             VaultError::Transport { source, .. } => match source.kind() {
-                transport::ErrorKind::Connect | transport::ErrorKind::Io => {
-                    ErrorKind::Unavailable
-                }
+                transport::ErrorKind::Connect | transport::ErrorKind::Io => ErrorKind::Unavailable,
                 transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
                 transport::ErrorKind::Request | transport::ErrorKind::TooLarge => {
                     ErrorKind::Internal
@@ -395,40 +383,34 @@ impl VaultError {
 
     /// Classifies an error status answer.
     pub(crate) fn from_status(
-        secret: String,
-        principal: Identity,
+        subject: Box<Subject>,
         oci: OciError,
         opc_request_id: Option<String>,
         retry_after_secs: Option<u64>,
     ) -> Self {
         match oci.status {
             400 => VaultError::InvalidArgument {
-                secret,
-                principal,
+                subject,
                 oci,
                 opc_request_id,
             },
             401 => VaultError::Unauthenticated {
-                secret,
-                principal,
+                subject,
                 oci,
                 opc_request_id,
             },
             403 => VaultError::PermissionDenied {
-                secret,
-                principal,
+                subject,
                 oci,
                 opc_request_id,
             },
             404 => VaultError::NotFound {
-                secret,
-                principal,
+                subject,
                 oci,
                 opc_request_id,
             },
             _ => VaultError::Status {
-                secret,
-                principal,
+                subject,
                 oci,
                 opc_request_id,
                 retry_after_secs,
@@ -438,16 +420,14 @@ impl VaultError {
 
     /// Classifies an error of the inner (signing + transport) service.
     pub(crate) fn from_inner(
-        secret: String,
-        principal: Identity,
+        subject: Box<Subject>,
         error: BoxError,
         sent_request_id: Option<String>,
     ) -> Self {
         let error = match error.downcast::<TransportError>() {
             Ok(source) => {
                 return VaultError::Transport {
-                    secret,
-                    principal,
+                    subject,
                     source: *source,
                     opc_request_id: sent_request_id,
                 };
@@ -455,16 +435,26 @@ impl VaultError {
             Err(other) => other,
         };
         match error.downcast::<AuthError>() {
-            Ok(source) => VaultError::Signing {
-                secret,
-                principal,
-                source: *source,
-            },
-            Err(source) => VaultError::Other {
-                secret,
-                principal,
-                source,
-            },
+            Ok(source) => VaultError::Signing { subject, source },
+            Err(source) => VaultError::Other { subject, source },
+        }
+    }
+
+    /// The secret and principal the failed request was about.
+    pub fn subject(&self) -> &Subject {
+        match self {
+            VaultError::NotFound { subject, .. }
+            | VaultError::Unauthenticated { subject, .. }
+            | VaultError::PermissionDenied { subject, .. }
+            | VaultError::InvalidArgument { subject, .. }
+            | VaultError::Status { subject, .. }
+            | VaultError::Malformed { subject, .. }
+            | VaultError::Signing { subject, .. }
+            | VaultError::Transport { subject, .. }
+            | VaultError::DeadlineExceeded { subject, .. }
+            | VaultError::InvalidRequest { subject, .. }
+            | VaultError::Other { subject, .. } => subject,
+            VaultError::Exhausted { last, .. } => last.subject(),
         }
     }
 }
@@ -475,8 +465,10 @@ mod tests {
 
     fn status(status: u16, code: &str) -> VaultError {
         VaultError::from_status(
-            "secret \"s\" (stage CURRENT) in vault v".into(),
-            Identity::Instance,
+            Box::new(Subject {
+                secret: "secret \"s\" (stage CURRENT) in vault v".into(),
+                principal: Identity::Instance,
+            }),
             OciError {
                 status,
                 code: code.into(),
@@ -538,7 +530,11 @@ mod tests {
             last: Box::new(status(429, "TooManyRequests")),
         };
         assert_eq!(error.kind(), ErrorKind::ResourceExhausted);
-        assert!(error.to_string().ends_with("gave up after 5 attempts: the retry limit was reached"));
+        assert!(
+            error
+                .to_string()
+                .ends_with("gave up after 5 attempts: the retry limit was reached")
+        );
         assert_eq!(error.opc_request_id(), Some("RID"));
     }
 }

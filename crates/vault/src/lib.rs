@@ -25,6 +25,6 @@ mod retry;
 
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use client::{DEFAULT_USER_AGENT, VaultClient};
-pub use error::{ErrorKind, OciError, Stopped, VaultError};
+pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::RetryPolicy;

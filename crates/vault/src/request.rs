@@ -157,7 +157,10 @@ impl SecretRequest {
                 self.append_selector_before_vault(&mut query);
                 query.append_pair("vaultId", vault_id);
                 self.append_version_number(&mut query);
-                (http::Method::POST, format!("{API_PREFIX}/actions/getByName"))
+                (
+                    http::Method::POST,
+                    format!("{API_PREFIX}/actions/getByName"),
+                )
             }
             SecretRef::ById { secret_id } => {
                 self.append_selector_before_vault(&mut query);
@@ -253,8 +256,7 @@ mod tests {
             uri.ends_with("?secretName=a+b%2Fc&vaultId=ocid1.vault.oc1.iad.xyz&versionNumber=7"),
             "{uri}"
         );
-        let (_, uri) =
-            request(by_name("n"), Selector::VersionName("v&1".into())).method_and_uri();
+        let (_, uri) = request(by_name("n"), Selector::VersionName("v&1".into())).method_and_uri();
         assert!(
             uri.ends_with("?secretName=n&secretVersionName=v%261&vaultId=ocid1.vault.oc1.iad.xyz"),
             "{uri}"

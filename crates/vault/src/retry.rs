@@ -118,8 +118,14 @@ mod tests {
         let policy = RetryPolicy::default();
         let one = Some(Duration::from_secs(1));
         assert_eq!(policy.delay(1, one, 0.3), Duration::from_secs(1));
-        assert_eq!(policy.delay(5, Some(Duration::ZERO), 1.0), Duration::from_millis(3200));
+        assert_eq!(
+            policy.delay(5, Some(Duration::ZERO), 1.0),
+            Duration::from_millis(3200)
+        );
         // Retry-After is the server's instruction; max_delay caps only our own backoff.
-        assert_eq!(policy.delay(1, Some(Duration::from_secs(9)), 0.0), Duration::from_secs(9));
+        assert_eq!(
+            policy.delay(1, Some(Duration::from_secs(9)), 0.0),
+            Duration::from_secs(9)
+        );
     }
 }
