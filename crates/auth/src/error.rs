@@ -1,12 +1,90 @@
+use crate::region::RegionError;
 use crate::{Identity, KeyError};
 
 /// A boxed error, as tower layers pass them around.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Why a request could not be signed.
+/// What kind of failure an [`AuthError`] is, so the provider can map it to a gRPC code
+/// without knowing every variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad input or configuration: a malformed user Secret, region or setting.
+    InvalidArgument,
+    /// Something named by the request does not exist (a Kubernetes Secret, a service
+    /// account).
+    NotFound,
+    /// The provider's own service account may not do what was asked (Kubernetes 403).
+    PermissionDenied,
+    /// A credential was refused or is invalid (a 401 from OCI, the proxymux or
+    /// federation; an invalid service-account token).
+    Unauthenticated,
+    /// An endpoint is unreachable or answered with a server error.
+    Unavailable,
+    /// The mount's deadline passed.
+    DeadlineExceeded,
+    /// A bug or an unexpected state.
+    Internal,
+}
+
+/// A remote endpoint auth talks to, for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// The Kubernetes API (TokenRequest, Secret reads).
+    Kubernetes,
+    /// The OKE proxymux (RPST exchange).
+    Proxymux,
+    /// Instance metadata.
+    InstanceMetadata,
+    /// OCI x509 federation.
+    Federation,
+    /// The OCI Secrets API.
+    Secrets,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Endpoint::Kubernetes => "the kubernetes api",
+            Endpoint::Proxymux => "the proxymux",
+            Endpoint::InstanceMetadata => "instance metadata",
+            Endpoint::Federation => "oci x509 federation",
+            Endpoint::Secrets => "the oci secrets api",
+        })
+    }
+}
+
+/// What is wrong with a user principal's Kubernetes Secret (spec 5.1).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UserSecretError {
+    /// `data.config` is missing or empty.
+    #[error("auth config data is empty")]
+    EmptyConfig,
+    /// `config` is not YAML with an `auth` mapping of scalar strings.
+    #[error("invalid auth config data: {0}")]
+    InvalidConfig(String),
+    /// `data.private-key` is missing or empty.
+    #[error("invalid user auth config data: the private-key is empty")]
+    EmptyPrivateKey,
+    /// Required members of `auth` are missing, in the Go provider's wording.
+    #[error("missing auth config data: [{}]", .0.join(", "))]
+    Missing(Vec<&'static str>),
+    /// `auth.region` is invalid.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// The private key cannot be loaded (wrong passphrase, unsupported form, ...).
+    #[error("cannot load the private key")]
+    Key(#[source] KeyError),
+    /// A data value is not Base64.
+    #[error("data member {0} is not base64")]
+    NotBase64(String),
+}
+
+/// Why a request could not be signed, or an identity not established.
 ///
-/// Messages name identities and headers, never key ids that hold a security token, private
-/// keys or passphrases.
+/// Messages name identities, endpoints and headers, never key ids that hold a security
+/// token, tokens, private keys or passphrases.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthError {
@@ -37,4 +115,171 @@ pub enum AuthError {
         #[source]
         source: BoxError,
     },
+    /// No credential has been established for this identity (no mount established it, or
+    /// it was invalidated and cannot be renewed without the mount's token).
+    #[error("no credentials are established for {identity}")]
+    NotEstablished {
+        /// The identity.
+        identity: Identity,
+    },
+    /// OCI answered 401 to a signed request (after one retry with a fresh security token).
+    #[error("oci refused the credentials of the {identity} (http 401{}){}",
+        code.as_deref().map(|c| format!(", {c}")).unwrap_or_default(),
+        hint.as_deref().map(|h| format!(": {h}")).unwrap_or_default())]
+    Unauthorized {
+        /// Whose credentials were refused.
+        identity: Identity,
+        /// OCI's error code, e.g. `NotAuthenticated`.
+        code: Option<String>,
+        /// A likely cause, e.g. a configured fingerprint that differs from the key's.
+        hint: Option<String>,
+    },
+    /// The provider configuration is unusable.
+    #[error("invalid auth configuration: {0}")]
+    Config(String),
+    /// A region is invalid, or the region metadata is.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// The mount request lacks something this principal needs (namespace, service
+    /// account, ...).
+    #[error("the mount request has no {0}")]
+    MissingRequestField(&'static str),
+    /// The user principal's Kubernetes Secret does not exist.
+    #[error("error retrieving secret: {name} (namespace {namespace}): not found")]
+    UserSecretNotFound {
+        /// Namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+    },
+    /// The user principal's Kubernetes Secret is malformed.
+    #[error("user principal secret {namespace}/{name}: {problem}")]
+    UserSecret {
+        /// Namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+        /// What is wrong.
+        #[source]
+        problem: UserSecretError,
+    },
+    /// The pod's service-account token is locally invalid (spec 3.3), so it was not sent.
+    #[error("error validating service account token of {namespace}/{service_account}: {reason}")]
+    InvalidServiceAccountToken {
+        /// Namespace.
+        namespace: String,
+        /// Service account.
+        service_account: String,
+        /// What is wrong (never the token).
+        reason: &'static str,
+    },
+    /// No service-account token for the workload audience was supplied and TokenRequest
+    /// is disabled.
+    #[error(
+        "no service-account token for audience {audience:?} was supplied by the driver for {namespace}/{service_account} and token requests are disabled"
+    )]
+    NoServiceAccountToken {
+        /// Namespace.
+        namespace: String,
+        /// Service account.
+        service_account: String,
+        /// The configured audience.
+        audience: String,
+    },
+    /// An endpoint answered with an error status.
+    #[error("{endpoint} answered http {status} to {operation}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    Status {
+        /// Which endpoint.
+        endpoint: Endpoint,
+        /// What was asked, e.g. `the token request for ns/sa`.
+        operation: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's reason or error code (never a credential).
+        detail: Option<String>,
+    },
+    /// An endpoint answered 2xx with a body we cannot use.
+    #[error("{endpoint} answered {operation} with an unusable response: {reason}")]
+    MalformedResponse {
+        /// Which endpoint.
+        endpoint: Endpoint,
+        /// What was asked.
+        operation: String,
+        /// What is wrong (positions and member names only, never values).
+        reason: String,
+    },
+    /// The exchange with an endpoint failed (connect, I/O, timeout).
+    #[error("cannot reach {endpoint} for {operation}")]
+    Transport {
+        /// Which endpoint.
+        endpoint: Endpoint,
+        /// What was asked.
+        operation: String,
+        /// The transport's error.
+        #[source]
+        source: transport::TransportError,
+    },
+    /// The provider's own service-account token file cannot be read.
+    #[error("cannot read the provider's service-account token file {path}")]
+    TokenFile {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The instance leaf certificate is not usable.
+    #[error("the instance certificate from instance metadata is unusable: {0}")]
+    InstanceCertificate(&'static str),
+    /// A session key could not be generated, or a key not loaded.
+    #[error("cannot create a session key")]
+    SessionKey(#[source] KeyError),
+    /// An unexpected internal failure (a background task died).
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+    /// The mount's deadline passed while establishing its identity.
+    #[error("the deadline passed while {0}")]
+    DeadlineExceeded(&'static str),
+}
+
+impl AuthError {
+    /// The kind of failure, for mapping to gRPC codes.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AuthError::MissingIdentity
+            | AuthError::MissingHost
+            | AuthError::InvalidKeyId { .. }
+            | AuthError::Sign(_)
+            | AuthError::SessionKey(_)
+            | AuthError::Internal(_) => ErrorKind::Internal,
+            AuthError::Credentials { source, .. } => source
+                .downcast_ref::<AuthError>()
+                .map_or(ErrorKind::Unavailable, AuthError::kind),
+            AuthError::NotEstablished { .. }
+            | AuthError::Unauthorized { .. }
+            | AuthError::InvalidServiceAccountToken { .. }
+            | AuthError::NoServiceAccountToken { .. } => ErrorKind::Unauthenticated,
+            AuthError::Config(_)
+            | AuthError::Region(_)
+            | AuthError::MissingRequestField(_)
+            | AuthError::UserSecret { .. } => ErrorKind::InvalidArgument,
+            AuthError::UserSecretNotFound { .. } => ErrorKind::NotFound,
+            AuthError::Status { status, .. } => match status {
+                401 => ErrorKind::Unauthenticated,
+                403 => ErrorKind::PermissionDenied,
+                404 => ErrorKind::NotFound,
+                400 | 422 => ErrorKind::InvalidArgument,
+                _ => ErrorKind::Unavailable,
+            },
+            AuthError::MalformedResponse { .. }
+            | AuthError::TokenFile { .. }
+            | AuthError::InstanceCertificate(_) => ErrorKind::Unavailable,
+            AuthError::Transport { source, .. } => match source.kind() {
+                transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
+                transport::ErrorKind::Request => ErrorKind::Internal,
+                _ => ErrorKind::Unavailable,
+            },
+            AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
+        }
+    }
 }

@@ -11,22 +11,34 @@
 //!   [`Clock`] is the source of "now" for token expiry and the signed `date` header, which
 //!   tests replace with a [`ManualClock`].
 //!
-//! The principals (user API key, instance principal, OKE workload identity) will implement
-//! [`Credentials`].
+//! - [`Principals`] is the façade over the three principals (user API key from a Kubernetes
+//!   Secret, instance principal, OKE workload identity): [`Principals::establish`] readies
+//!   one mount's identity, and as [`Credentials`] it answers the signing layer from its
+//!   per-identity caches. Every call it makes goes through the one transport.
+//! - [`region`] resolves region strings to the Secrets and federation endpoints.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod clock;
 mod error;
 mod identity;
+mod jwt;
 mod key;
+mod kube;
+mod principals;
+pub mod region;
+mod remote;
 mod signing;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use error::{AuthError, BoxError};
+pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
 pub use identity::Identity;
 pub use key::{KeyError, PrivateKey};
+pub use principals::{
+    DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, IdentityRequest,
+    PrincipalKind, Principals, PrincipalsConfig,
+};
 pub use signing::{
-    BoxFuture, Credentials, EMPTY_BODY_SHA256, KeyId, SignatureProfile, Signing, SigningKey,
-    SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request, sign_request,
-    signing_string,
+    BoxFuture, Credentials, EMPTY_BODY_SHA256, KeyId, SignatureProfile, SignedResponse, Signing,
+    SigningKey, SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request,
+    sign_request, signing_string,
 };

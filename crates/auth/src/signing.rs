@@ -120,12 +120,29 @@ impl fmt::Debug for KeyId {
 pub struct SigningKey {
     key_id: KeyId,
     key: Arc<PrivateKey>,
+    rejection_hint: Option<Arc<str>>,
 }
 
 impl SigningKey {
     /// Pairs a key id with its private key.
     pub fn new(key_id: KeyId, key: Arc<PrivateKey>) -> Self {
-        Self { key_id, key }
+        Self {
+            key_id,
+            key,
+            rejection_hint: None,
+        }
+    }
+
+    /// Adds a likely cause to report if OCI refuses this key (e.g. a configured
+    /// fingerprint that differs from the key's). It must not contain secrets.
+    pub fn with_rejection_hint(mut self, hint: impl Into<Arc<str>>) -> Self {
+        self.rejection_hint = Some(hint.into());
+        self
+    }
+
+    /// The hint set by [`SigningKey::with_rejection_hint`].
+    pub fn rejection_hint(&self) -> Option<&str> {
+        self.rejection_hint.as_deref()
     }
 
     /// The key id.
@@ -175,6 +192,41 @@ pub trait Credentials: Send + Sync + fmt::Debug + 'static {
         &'a self,
         identity: &'a Identity,
     ) -> BoxFuture<'a, Result<SigningKey, AuthError>>;
+
+    /// OCI answered 401 to a request signed for `identity`: drop what is cached for it, so
+    /// the next [`Credentials::signing_key`] fetches a fresh credential (a new security
+    /// token, or the user Secret read again). The default does nothing.
+    fn invalidate(&self, identity: &Identity) {
+        let _ = identity;
+    }
+}
+
+/// What the signing layer needs to see of a response: whether OCI refused the
+/// credential (HTTP 401), and its error code for the message.
+pub trait SignedResponse {
+    /// Whether the response is a 401.
+    fn is_unauthorized(&self) -> bool;
+    /// OCI's error `code`, if the body says.
+    fn error_code(&self) -> Option<String> {
+        None
+    }
+}
+
+impl SignedResponse for http::Response<Bytes> {
+    fn is_unauthorized(&self) -> bool {
+        self.status() == http::StatusCode::UNAUTHORIZED
+    }
+
+    fn error_code(&self) -> Option<String> {
+        crate::remote::error_detail(self.body())
+    }
+}
+
+/// Plain strings, which test doubles answer with, are never a 401.
+impl SignedResponse for &'static str {
+    fn is_unauthorized(&self) -> bool {
+        false
+    }
 }
 
 /// The text that gets signed, with the list of header names it covers.
@@ -405,6 +457,7 @@ impl<S: fmt::Debug> fmt::Debug for Signing<S> {
 impl<S> tower::Service<Request<Bytes>> for Signing<S>
 where
     S: tower::Service<Request<Bytes>> + Clone + Send + 'static,
+    S::Response: SignedResponse + Send,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
@@ -416,7 +469,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, mut request: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         // The service that was polled ready goes into the future; a clone stays behind
         // to be polled for the next request (tower's usual pattern for async work
         // before the inner call).
@@ -430,24 +483,95 @@ where
                 .get::<Identity>()
                 .cloned()
                 .ok_or(AuthError::MissingIdentity)?;
-            let key = credentials.signing_key(&identity).await?;
             let profile = request
                 .extensions()
                 .get::<SignatureProfile>()
                 .copied()
                 .unwrap_or_default();
-            // The date is taken after the key is obtained, which may have taken a token
-            // exchange, so that it is as fresh as possible when OCI checks the skew.
-            sign_request(&mut request, &identity, &key, clock.now(), profile)?;
-            tracing::trace!(
-                %identity,
-                key_id = ?key.key_id(),
-                method = %request.method(),
-                "signed OCI request"
-            );
-            inner.call(request).await.map_err(Into::into)
+            let deadline = request
+                .extensions()
+                .get::<transport::Deadline>()
+                .map(|d| d.0);
+            // Kept for a retry: a request is consumed by the call.
+            let retry = copy_request(&request);
+            let key = credentials.signing_key(&identity).await?;
+            let response =
+                sign_and_call(&mut inner, request, &identity, &key, &clock, profile).await?;
+            if !response.is_unauthorized() {
+                return Ok(response);
+            }
+            credentials.invalidate(&identity);
+            let refused = |key: &SigningKey, response: &S::Response| AuthError::Unauthorized {
+                identity: identity.clone(),
+                code: response.error_code(),
+                hint: key.rejection_hint().map(str::to_owned),
+            };
+            // A security token may have been revoked or expired early: retry once with a
+            // fresh one, within the deadline. A user key is not retried (the Secret is
+            // read again by the next mount).
+            let in_time = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
+            if !key.key_id().is_security_token() || !in_time {
+                return Err(refused(&key, &response).into());
+            }
+            let fresh = match deadline {
+                Some(deadline) => {
+                    tokio::time::timeout_at(deadline, credentials.signing_key(&identity))
+                        .await
+                        .map_err(|_| {
+                            AuthError::DeadlineExceeded("renewing credentials after a 401")
+                        })??
+                }
+                None => credentials.signing_key(&identity).await?,
+            };
+            tracing::debug!(%identity, "retrying once with a fresh security token after a 401");
+            tower::ServiceExt::ready(&mut inner)
+                .await
+                .map_err(Into::<BoxError>::into)?;
+            let response =
+                sign_and_call(&mut inner, retry, &identity, &fresh, &clock, profile).await?;
+            if response.is_unauthorized() {
+                credentials.invalidate(&identity);
+                return Err(refused(&fresh, &response).into());
+            }
+            Ok(response)
         })
     }
+}
+
+/// Signs with `key` and a fresh date, then calls `inner`.
+async fn sign_and_call<S>(
+    inner: &mut S,
+    mut request: Request<Bytes>,
+    identity: &Identity,
+    key: &SigningKey,
+    clock: &SharedClock,
+    profile: SignatureProfile,
+) -> Result<S::Response, BoxError>
+where
+    S: tower::Service<Request<Bytes>>,
+    S::Error: Into<BoxError>,
+{
+    // The date is taken after the key is obtained, which may have taken a token
+    // exchange, so that it is as fresh as possible when OCI checks the skew.
+    sign_request(&mut request, identity, key, clock.now(), profile)?;
+    tracing::trace!(
+        %identity,
+        key_id = ?key.key_id(),
+        method = %request.method(),
+        "signed OCI request"
+    );
+    inner.call(request).await.map_err(Into::into)
+}
+
+/// A copy of a request (method, URI, version, headers, body, extensions).
+fn copy_request(request: &Request<Bytes>) -> Request<Bytes> {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    *copy.extensions_mut() = request.extensions().clone();
+    copy
 }
 
 #[cfg(test)]

@@ -1,0 +1,329 @@
+//! The two Kubernetes API calls auth needs (TokenRequest and reading a Secret), made
+//! directly over the one transport; see ARCHITECTURE.md for why not kube-rs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, StatusCode};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde::Deserialize;
+use transport::HttpService;
+use zeroize::Zeroizing;
+
+use crate::error::{AuthError, Endpoint};
+use crate::remote::{build, error_detail, segment, send};
+
+/// Where the provider's own bearer token comes from.
+#[derive(Clone)]
+enum Bearer {
+    /// Re-read on every call: projected tokens rotate.
+    File(PathBuf),
+    /// Inline in an explicit kubeconfig.
+    Inline(SecretString),
+}
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bearer::File(path) => f.debug_tuple("File").field(path).finish(),
+            Bearer::Inline(_) => f.write_str("Inline(<redacted>)"),
+        }
+    }
+}
+
+/// A Kubernetes API client for TokenRequest and Secret reads.
+#[derive(Clone, Debug)]
+pub(crate) struct KubeApi {
+    http: HttpService,
+    base: String,
+    bearer: Bearer,
+}
+
+/// The subset of a kubeconfig we read (explicit path only).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
+struct Kubeconfig {
+    clusters: Vec<Named<Cluster>>,
+    users: Vec<Named<User>>,
+    contexts: Vec<Named<Context>>,
+    current_context: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Named<T> {
+    name: String,
+    #[serde(alias = "cluster", alias = "user", alias = "context")]
+    value: T,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Cluster {
+    server: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct User {
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Context {
+    cluster: String,
+    user: String,
+}
+
+impl KubeApi {
+    /// From the explicit settings: `api` (base URL) or the in-cluster service host/port,
+    /// or an explicit kubeconfig; the bearer from the kubeconfig user or `token_file`.
+    pub(crate) fn new(
+        http: HttpService,
+        api: Option<&str>,
+        service_host: Option<&str>,
+        service_port: Option<u16>,
+        kubeconfig: Option<&Path>,
+        token_file: &Path,
+    ) -> Result<Option<Self>, AuthError> {
+        let mut base = api.map(str::to_owned);
+        let mut bearer = Bearer::File(token_file.to_owned());
+        if let Some(path) = kubeconfig {
+            let (server, user) = read_kubeconfig(path)?;
+            base = base.or(Some(server));
+            if let Some(token) = user.token.filter(|t| !t.is_empty()) {
+                bearer = Bearer::Inline(SecretString::from(token));
+            } else if let Some(file) = user.token_file {
+                bearer = Bearer::File(file);
+            }
+        }
+        if base.is_none() {
+            base = service_host.filter(|h| !h.is_empty()).map(|host| {
+                format!(
+                    "https://{}:{}",
+                    crate::remote::url_host(host),
+                    service_port.unwrap_or(443)
+                )
+            });
+        }
+        Ok(base.map(|base| Self {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+            bearer,
+        }))
+    }
+
+    fn bearer(&self) -> Result<HeaderValue, AuthError> {
+        let token = match &self.bearer {
+            Bearer::Inline(token) => Zeroizing::new(token.expose_secret().to_owned()),
+            Bearer::File(path) => {
+                Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
+                    AuthError::TokenFile {
+                        path: path.display().to_string(),
+                        source,
+                    }
+                })?)
+            }
+        };
+        let value = Zeroizing::new(format!("Bearer {}", token.trim()));
+        let mut value = HeaderValue::from_str(&value).map_err(|_| {
+            AuthError::Config("the provider's bearer token is not a valid header".into())
+        })?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+
+    /// `POST .../serviceaccounts/{sa}/token` (spec 3.6): a token for `audience` (`""`:
+    /// the API server's default) bound to the pod when known.
+    pub(crate) async fn token_request(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audience: &str,
+        pod: Option<(&str, &str)>,
+        expiration_seconds: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<SecretString, AuthError> {
+        let operation =
+            format!("the token request for service account {namespace}/{service_account}");
+        let audiences: Vec<&str> = if audience.is_empty() {
+            Vec::new()
+        } else {
+            vec![audience]
+        };
+        let mut spec = serde_json::json!({
+            "audiences": audiences,
+            "expirationSeconds": expiration_seconds,
+        });
+        if let Some((name, uid)) = pod {
+            spec["boundObjectRef"] =
+                serde_json::json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+        }
+        let body = serde_json::json!({
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {},
+            "spec": spec,
+        });
+        let uri = format!(
+            "{}/api/v1/namespaces/{}/serviceaccounts/{}/token",
+            self.base,
+            segment(namespace),
+            segment(service_account)
+        );
+        let request = build(
+            Request::builder()
+                .method(Method::POST)
+                .uri(uri)
+                .header(AUTHORIZATION, self.bearer()?)
+                .header(CONTENT_TYPE, "application/json")
+                .header(ACCEPT, "application/json"),
+            body.to_string(),
+        )?;
+        let response = send(
+            &self.http,
+            request,
+            deadline,
+            Endpoint::Kubernetes,
+            &operation,
+        )
+        .await?;
+        let status = response.status();
+        if status != StatusCode::CREATED && status != StatusCode::OK {
+            return Err(AuthError::Status {
+                endpoint: Endpoint::Kubernetes,
+                operation,
+                status: status.as_u16(),
+                detail: error_detail(response.body()),
+            });
+        }
+        #[derive(Deserialize)]
+        struct TokenRequest {
+            status: TokenStatus,
+        }
+        #[derive(Deserialize)]
+        struct TokenStatus {
+            token: String,
+        }
+        let parsed: TokenRequest =
+            serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
+                endpoint: Endpoint::Kubernetes,
+                operation,
+                reason: format!("line {} column {}", e.line(), e.column()),
+            })?;
+        Ok(SecretString::from(parsed.status.token))
+    }
+
+    /// `GET .../secrets/{name}`: the decoded `data`, or `None` when the Secret does not
+    /// exist.
+    pub(crate) async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<BTreeMap<String, Zeroizing<Vec<u8>>>>, AuthError> {
+        let operation = format!("reading secret {namespace}/{name}");
+        let uri = format!(
+            "{}/api/v1/namespaces/{}/secrets/{}",
+            self.base,
+            segment(namespace),
+            segment(name)
+        );
+        let request = build(
+            Request::builder()
+                .method(Method::GET)
+                .uri(uri)
+                .header(AUTHORIZATION, self.bearer()?)
+                .header(ACCEPT, "application/json"),
+            bytes::Bytes::new(),
+        )?;
+        let response = send(
+            &self.http,
+            request,
+            deadline,
+            Endpoint::Kubernetes,
+            &operation,
+        )
+        .await?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status != StatusCode::OK {
+            return Err(AuthError::Status {
+                endpoint: Endpoint::Kubernetes,
+                operation,
+                status: status.as_u16(),
+                detail: error_detail(response.body()),
+            });
+        }
+        #[derive(Deserialize)]
+        struct Secret {
+            #[serde(default)]
+            data: BTreeMap<String, String>,
+        }
+        let parsed: Secret =
+            serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
+                endpoint: Endpoint::Kubernetes,
+                operation: operation.clone(),
+                reason: format!("line {} column {}", e.line(), e.column()),
+            })?;
+        let mut data = BTreeMap::new();
+        for (key, value) in parsed.data {
+            let value = Zeroizing::new(value);
+            let bytes = STANDARD
+                .decode(value.trim())
+                .map_err(|_| AuthError::UserSecret {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    problem: crate::error::UserSecretError::NotBase64(key.clone()),
+                })?;
+            data.insert(key, Zeroizing::new(bytes));
+        }
+        Ok(Some(data))
+    }
+}
+
+fn read_kubeconfig(path: &Path) -> Result<(String, User), AuthError> {
+    let invalid =
+        |reason: String| AuthError::Config(format!("kubeconfig {}: {reason}", path.display()));
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?);
+    let config: Kubeconfig = serde_saphyr::from_str(&text)
+        .map_err(|_| invalid("not a kubeconfig yaml document".into()))?;
+    let context = config
+        .contexts
+        .into_iter()
+        .find(|c| c.name == config.current_context)
+        .ok_or_else(|| invalid(format!("no context named {:?}", config.current_context)))?
+        .value;
+    let cluster = config
+        .clusters
+        .into_iter()
+        .find(|c| c.name == context.cluster)
+        .ok_or_else(|| invalid(format!("no cluster named {:?}", context.cluster)))?
+        .value;
+    let user = config
+        .users
+        .into_iter()
+        .find(|u| u.name == context.user)
+        .map(|u| u.value)
+        .unwrap_or_default();
+    if cluster.server.is_empty() {
+        return Err(invalid("the cluster has no server".into()));
+    }
+    Ok((cluster.server, user))
+}

@@ -1,0 +1,317 @@
+//! The instance principal (spec 4): the leaf certificate and key from instance metadata,
+//! federated for a session token bound to a fresh session key; one per process.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::{Method, Request, StatusCode};
+use zeroize::Zeroizing;
+
+use super::{Inner, fresh, session_key};
+use crate::error::{AuthError, Endpoint};
+use crate::region::Region;
+use crate::remote::{build, error_detail, send};
+use crate::signing::{KeyId, SignatureProfile, SigningKey, sign_request};
+use crate::{Identity, PrivateKey, jwt};
+
+/// The instance's session token and key.
+#[derive(Clone, Debug)]
+pub(crate) struct Session {
+    key: SigningKey,
+    exp: SystemTime,
+    pub(crate) invalidated: bool,
+}
+
+impl Session {
+    fn usable(&self, now: SystemTime) -> bool {
+        !self.invalidated && fresh(self.exp, now)
+    }
+}
+
+pub(super) async fn establish(
+    inner: &Inner,
+    deadline: tokio::time::Instant,
+) -> Result<super::Established, AuthError> {
+    let region = region(inner, deadline).await?;
+    let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
+    signing_key(inner, deadline).await?;
+    Ok(super::Established {
+        identity: Identity::Instance,
+        secrets_endpoint,
+    })
+}
+
+pub(super) async fn signing_key(
+    inner: &Inner,
+    deadline: tokio::time::Instant,
+) -> Result<SigningKey, AuthError> {
+    if let Some(session) = inner.instance.get().filter(|s| s.usable(inner.now())) {
+        return Ok(session.key);
+    }
+    let _renewing = inner.instance.renewing(deadline).await?;
+    if let Some(session) = inner.instance.get().filter(|s| s.usable(inner.now())) {
+        return Ok(session.key);
+    }
+    let session = federate(inner, deadline).await?;
+    let key = session.key.clone();
+    inner.instance.set(Some(session));
+    Ok(key)
+}
+
+/// The configured region, else the one instance metadata reports (asked once).
+async fn region(inner: &Inner, deadline: tokio::time::Instant) -> Result<&Region, AuthError> {
+    if let Some(region) = &inner.region {
+        return Ok(region);
+    }
+    inner
+        .instance_region
+        .get_or_try_init(|| async {
+            let text = metadata(inner, "instance/region", deadline).await?;
+            let text =
+                String::from_utf8(text.to_vec()).map_err(|_| AuthError::MalformedResponse {
+                    endpoint: Endpoint::InstanceMetadata,
+                    operation: "instance/region".into(),
+                    reason: "the region is not utf-8".into(),
+                })?;
+            Ok(inner.regions.resolve(&text)?)
+        })
+        .await
+}
+
+/// `GET <base>/<path>` with `Authorization: Bearer Oracle` (spec 4.1).
+async fn metadata(
+    inner: &Inner,
+    path: &str,
+    deadline: tokio::time::Instant,
+) -> Result<Zeroizing<Vec<u8>>, AuthError> {
+    let base = inner.config.instance_metadata.trim_end_matches('/');
+    let request = build(
+        Request::builder()
+            .method(Method::GET)
+            .uri(format!("{base}/{path}"))
+            .header(AUTHORIZATION, "Bearer Oracle"),
+        bytes::Bytes::new(),
+    )?;
+    let response = send(
+        &inner.http,
+        request,
+        deadline,
+        Endpoint::InstanceMetadata,
+        path,
+    )
+    .await?;
+    if response.status() != StatusCode::OK {
+        return Err(AuthError::Status {
+            endpoint: Endpoint::InstanceMetadata,
+            operation: path.to_owned(),
+            status: response.status().as_u16(),
+            detail: None,
+        });
+    }
+    Ok(Zeroizing::new(response.into_body().to_vec()))
+}
+
+fn federation_url(inner: &Inner, region: &Region) -> String {
+    match &inner.config.federation_endpoint {
+        Some(url) if url.contains("://") => url.trim_end_matches('/').to_owned(),
+        Some(url) => format!("https://{}", url.trim_end_matches('/')),
+        None => region.federation_endpoint(),
+    }
+}
+
+/// One federation (spec 4.2 step 4, 4.4): cert, key, intermediate, fresh session key,
+/// `POST /v1/x509` signed with the leaf key.
+async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Session, AuthError> {
+    let region = region(inner, deadline).await?;
+    let cert_pem = metadata(inner, "identity/cert.pem", deadline).await?;
+    let key_pem = metadata(inner, "identity/key.pem", deadline).await?;
+    let intermediate_pem = metadata(inner, "identity/intermediate.pem", deadline).await?;
+    let leaf_key = tokio::task::spawn_blocking(move || PrivateKey::from_pem(&key_pem, None))
+        .await
+        .map_err(|_| AuthError::Internal("the key loading task failed"))?
+        .map_err(|_| {
+            AuthError::InstanceCertificate(
+                "the key from instance metadata is not an rsa private key",
+            )
+        })?;
+    let cert_b64 = pem_body(&cert_pem);
+    let der = STANDARD
+        .decode(&cert_b64)
+        .map_err(|_| AuthError::InstanceCertificate("the certificate is not pem"))?;
+    let tenancy = tenancy(&der).unwrap_or_default();
+    let fingerprint =
+        colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &der).as_ref());
+    let session = session_key().await?;
+    let mut body = serde_json::json!({
+        "certificate": cert_b64,
+        "publicKey": session.public_key_base64(),
+        "fingerprintAlgorithm": "SHA256",
+    });
+    let intermediate = pem_body(&intermediate_pem);
+    if !intermediate.is_empty() {
+        body["intermediateCertificates"] = serde_json::json!([intermediate]);
+    }
+    let mut request = build(
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/v1/x509", federation_url(inner, region)))
+            .header(CONTENT_TYPE, "application/json"),
+        body.to_string(),
+    )?;
+    let leaf = SigningKey::new(
+        KeyId::new(format!("{tenancy}/fed-x509-sha256/{fingerprint}")),
+        Arc::new(leaf_key),
+    );
+    sign_request(
+        &mut request,
+        &Identity::Instance,
+        &leaf,
+        inner.now(),
+        SignatureProfile::Federation,
+    )?;
+    let operation = "the x509 federation of the instance principal";
+    let response = send(
+        &inner.http,
+        request,
+        deadline,
+        Endpoint::Federation,
+        operation,
+    )
+    .await?;
+    if response.status() != StatusCode::OK {
+        return Err(AuthError::Status {
+            endpoint: Endpoint::Federation,
+            operation: operation.to_owned(),
+            status: response.status().as_u16(),
+            detail: error_detail(response.body()),
+        });
+    }
+    let malformed = |reason: &str| AuthError::MalformedResponse {
+        endpoint: Endpoint::Federation,
+        operation: operation.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(response.body())
+            .map_err(|_| malformed("the body is not a json object"))?;
+    let token = object
+        .get("token")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| malformed("no token member"))?;
+    let claims = jwt::claims(token).map_err(malformed)?;
+    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(malformed)?);
+    tracing::info!("federated the instance principal for a session token");
+    Ok(Session {
+        key: SigningKey::new(KeyId::security_token(token), session),
+        exp,
+        invalidated: false,
+    })
+}
+
+/// The Base64 body of a PEM text: the BEGIN/END lines dropped and line feeds removed
+/// (spec 4.4: several certificates are concatenated, as the SDK does).
+fn pem_body(pem: &[u8]) -> String {
+    String::from_utf8_lossy(pem)
+        .lines()
+        .filter(|line| !line.starts_with("-----"))
+        .map(str::trim)
+        .collect()
+}
+
+fn colon_hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// One DER TLV: tag, content, rest.
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, mut rest) = rest.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let (bytes, after) = rest.split_at(count);
+        rest = after;
+        bytes
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
+    };
+    if rest.len() < len {
+        return None;
+    }
+    let (content, rest) = rest.split_at(len);
+    Some((tag, content, rest))
+}
+
+/// The tenancy from the leaf certificate's subject: the first attribute value starting
+/// with `opc-tenant:` (spec 4.2 step 3).
+fn tenancy(der: &[u8]) -> Option<String> {
+    const SEQUENCE: u8 = 0x30;
+    let (SEQUENCE, certificate, _) = tlv(der)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = tlv(certificate)? else {
+        return None;
+    };
+    let mut fields = tbs;
+    let mut index = 0;
+    let mut subject = None;
+    while let Some((tag, content, rest)) = tlv(fields) {
+        fields = rest;
+        // [0] version is optional and not counted.
+        if tag == 0xa0 {
+            continue;
+        }
+        // serial, signature, issuer, validity, subject
+        if index == 4 {
+            subject = Some(content);
+            break;
+        }
+        index += 1;
+    }
+    let mut rdns = subject?;
+    while let Some((_, set, rest)) = tlv(rdns) {
+        rdns = rest;
+        let mut attributes = set;
+        while let Some((_, attribute, rest)) = tlv(attributes) {
+            attributes = rest;
+            let (_, _oid, value) = tlv(attribute)?;
+            let (_, value, _) = tlv(value)?;
+            if let Some(tenancy) = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.strip_prefix("opc-tenant:"))
+            {
+                return Some(tenancy.to_owned());
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncated_der_yields_no_tenancy() {
+        assert_eq!(tenancy(&[]), None);
+        assert_eq!(tenancy(&[0x30, 0x82, 0xff]), None);
+        assert_eq!(tenancy(&[0x30, 0x03, 0x30, 0x01]), None);
+    }
+
+    #[test]
+    fn pem_body_drops_armour_and_newlines() {
+        let pem = b"-----BEGIN CERTIFICATE-----\nQUJD\nREVG\n-----END CERTIFICATE-----\n";
+        assert_eq!(pem_body(pem), "QUJDREVG");
+    }
+}

@@ -1,0 +1,455 @@
+//! The three principals behind one façade: [`Principals::establish`] finds (or renews) the
+//! credential of one mount's identity, and [`Principals`] as [`Credentials`] hands the
+//! signing layer the key of an established identity from its cache.
+
+mod instance;
+mod user;
+mod workload;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use secrecy::SecretString;
+use transport::HttpService;
+
+use crate::kube::KubeApi;
+use crate::region::{Region, Regions};
+use crate::signing::{BoxFuture, Credentials, SigningKey};
+use crate::{AuthError, Identity, SharedClock};
+
+/// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
+/// service-account token is only sent if it is valid for longer.
+pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+
+/// How long renewals started by the signing layer (after a 401, or an expiry between
+/// mount and call) may take, when no mount deadline is at hand.
+const BACKGROUND_BUDGET: Duration = Duration::from_secs(30);
+
+/// The default instance metadata base URL (spec 4.1). Tests must never use it.
+pub const DEFAULT_INSTANCE_METADATA: &str = "http://169.254.169.254/opc/v2";
+
+/// The in-cluster token of the provider's own service account.
+pub const DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// The proxymux port (spec 3.3; the SDK does not read `KUBERNETES_SERVICE_PORT` for it).
+const PROXYMUX_PORT: u16 = 12250;
+
+/// Configuration of the principals: where every endpoint is, and the knobs of the token
+/// caches. Build it with struct update syntax over [`PrincipalsConfig::default`].
+#[derive(Clone, Debug)]
+pub struct PrincipalsConfig {
+    /// The region of workload identity (`OCI_RESOURCE_PRINCIPAL_REGION`) and of the
+    /// instance principal (else instance metadata says): short code, full id or domain.
+    pub region: Option<String>,
+    /// `OCI_REGION_METADATA`: one region object as JSON.
+    pub region_metadata: Option<String>,
+    /// A `regions-config.json` file (JSON array of region objects). Never implied: the
+    /// binary passes `~/.oci/regions-config.json` explicitly if it wants the SDK's default.
+    pub regions_config_file: Option<PathBuf>,
+    /// `OCI_DEFAULT_REALM`: second-level domain of regions nothing else knows.
+    pub default_realm: Option<String>,
+    /// Secrets API base URL for every principal, instead of the region's.
+    pub secrets_endpoint: Option<String>,
+    /// Federation base URL (`OCI_SDK_AUTH_CLIENT_REGION_URL`; `https://` assumed).
+    pub federation_endpoint: Option<String>,
+    /// Instance metadata base URL, e.g. `http://169.254.169.254/opc/v2`.
+    pub instance_metadata: String,
+    /// Proxymux base URL; default `https://<kubernetes_service_host>:12250`.
+    pub proxymux: Option<String>,
+    /// Kubernetes API base URL; default from the kubeconfig or the service host and port.
+    pub kubernetes_api: Option<String>,
+    /// `KUBERNETES_SERVICE_HOST`.
+    pub kubernetes_service_host: Option<String>,
+    /// `KUBERNETES_SERVICE_PORT`.
+    pub kubernetes_service_port: Option<u16>,
+    /// An explicit kubeconfig (server and user); never an implicit `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The provider's own service-account token, re-read on every Kubernetes call.
+    pub service_account_token_file: PathBuf,
+    /// How long a user principal's Secret is used before it is read again.
+    pub user_secret_ttl: Duration,
+    /// The audience of the service-account token exchanged at the proxymux (`""`: the
+    /// API server's default).
+    pub workload_audience: String,
+    /// Whether to make a TokenRequest when the driver supplied no token for the audience.
+    pub token_request: bool,
+    /// `expirationSeconds` of those TokenRequests (the Go provider asks for 900).
+    pub token_request_expiration: Duration,
+}
+
+impl Default for PrincipalsConfig {
+    fn default() -> Self {
+        Self {
+            region: None,
+            region_metadata: None,
+            regions_config_file: None,
+            default_realm: None,
+            secrets_endpoint: None,
+            federation_endpoint: None,
+            instance_metadata: DEFAULT_INSTANCE_METADATA.to_owned(),
+            proxymux: None,
+            kubernetes_api: None,
+            kubernetes_service_host: None,
+            kubernetes_service_port: None,
+            kubeconfig: None,
+            service_account_token_file: PathBuf::from(DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE),
+            user_secret_ttl: Duration::from_secs(60),
+            workload_audience: String::new(),
+            token_request: true,
+            token_request_expiration: Duration::from_secs(900),
+        }
+    }
+}
+
+/// Which principal a mount uses (`authType`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrincipalKind {
+    /// A user API key from the Kubernetes Secret `secret_name` in the pod's namespace.
+    User {
+        /// `authSecretName`.
+        secret_name: String,
+    },
+    /// The node's instance principal.
+    Instance,
+    /// OKE workload identity of the pod's service account.
+    Workload,
+}
+
+/// What [`Principals::establish`] needs to know of one mount.
+pub struct IdentityRequest {
+    /// The principal.
+    pub kind: PrincipalKind,
+    /// The pod's namespace.
+    pub namespace: Option<String>,
+    /// The pod's name (binds TokenRequests to the pod).
+    pub pod_name: Option<String>,
+    /// The pod's uid.
+    pub pod_uid: Option<String>,
+    /// The pod's service account.
+    pub service_account: Option<String>,
+    /// Tokens the driver supplied, by audience (spec 3.7).
+    pub service_account_tokens: BTreeMap<String, SecretString>,
+    /// The mount's deadline.
+    pub deadline: tokio::time::Instant,
+}
+
+impl fmt::Debug for IdentityRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdentityRequest")
+            .field("kind", &self.kind)
+            .field("namespace", &self.namespace)
+            .field("pod_name", &self.pod_name)
+            .field("pod_uid", &self.pod_uid)
+            .field("service_account", &self.service_account)
+            .field(
+                "service_account_tokens",
+                &self.service_account_tokens.keys().collect::<Vec<_>>(),
+            )
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl IdentityRequest {
+    fn namespace(&self) -> Result<&str, AuthError> {
+        self.namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(AuthError::MissingRequestField("pod namespace"))
+    }
+
+    fn service_account(&self) -> Result<&str, AuthError> {
+        self.service_account
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(AuthError::MissingRequestField("service account name"))
+    }
+
+    fn pod(&self) -> Option<(&str, &str)> {
+        match (self.pod_name.as_deref(), self.pod_uid.as_deref()) {
+            (Some(name), Some(uid)) if !name.is_empty() && !uid.is_empty() => Some((name, uid)),
+            _ => None,
+        }
+    }
+}
+
+/// The identity a mount's OCI calls are made as, and where they go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Established {
+    /// Put it in the extensions of every request of this mount.
+    pub identity: Identity,
+    /// Secrets API base URL, without a trailing slash.
+    pub secrets_endpoint: String,
+}
+
+/// One cache slot: the current value, and a lock held by whoever is renewing it so that
+/// concurrent mounts of one identity make one exchange (single flight).
+#[derive(Debug)]
+pub(crate) struct Slot<T> {
+    flight: tokio::sync::Mutex<()>,
+    value: Mutex<Option<T>>,
+}
+
+impl<T: Clone> Slot<T> {
+    fn new() -> Self {
+        Self {
+            flight: tokio::sync::Mutex::new(()),
+            value: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<T> {
+        self.value
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, value: Option<T>) {
+        *self.value.lock().unwrap_or_else(PoisonError::into_inner) = value;
+    }
+
+    pub(crate) fn update(&self, f: impl FnOnce(&mut Option<T>)) {
+        f(&mut self.value.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// Waits for the renewal lock, within `deadline`.
+    pub(crate) async fn renewing(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, AuthError> {
+        tokio::time::timeout_at(deadline, self.flight.lock())
+            .await
+            .map_err(|_| AuthError::DeadlineExceeded("waiting for a token exchange in flight"))
+    }
+}
+
+/// Slots keyed by name, created on first use.
+#[derive(Debug)]
+pub(crate) struct Slots<K, T> {
+    map: Mutex<HashMap<K, Arc<Slot<T>>>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, T: Clone> Slots<K, T> {
+    fn new() -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn slot(&self, key: &K) -> Arc<Slot<T>> {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(
+            map.entry(key.clone())
+                .or_insert_with(|| Arc::new(Slot::new())),
+        )
+    }
+
+    pub(crate) fn existing(&self, key: &K) -> Option<Arc<Slot<T>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+}
+
+/// The principals of the process: user keys, workload RPSTs and the instance token,
+/// each cached per [`Identity`].
+///
+/// Cloning is cheap and clones share the caches; hand one clone to the
+/// [`SigningLayer`](crate::SigningLayer) as its [`Credentials`].
+#[derive(Clone)]
+pub struct Principals {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: PrincipalsConfig,
+    http: HttpService,
+    clock: SharedClock,
+    regions: Regions,
+    /// The configured region, resolved once.
+    region: Option<Region>,
+    kube: Option<KubeApi>,
+    users: Slots<(String, String), user::UserKey>,
+    workloads: Slots<(String, String), workload::Session>,
+    instance: Slot<instance::Session>,
+    instance_region: tokio::sync::OnceCell<Region>,
+}
+
+impl fmt::Debug for Principals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Principals")
+            .field("config", &self.inner.config)
+            .field("region", &self.inner.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Principals {
+    /// Checks the configuration (region, region metadata, kubeconfig) and sets up empty
+    /// caches. Nothing is contacted yet.
+    pub fn new(
+        config: PrincipalsConfig,
+        http: HttpService,
+        clock: SharedClock,
+    ) -> Result<Self, AuthError> {
+        let regions = Regions::from_files(
+            config.region_metadata.as_deref(),
+            config.regions_config_file.as_deref(),
+            config.default_realm.as_deref(),
+        )?;
+        let region = config
+            .region
+            .as_deref()
+            .map(|r| regions.resolve(r))
+            .transpose()?;
+        let kube = KubeApi::new(
+            http.clone(),
+            config.kubernetes_api.as_deref(),
+            config.kubernetes_service_host.as_deref(),
+            config.kubernetes_service_port,
+            config.kubeconfig.as_deref(),
+            &config.service_account_token_file,
+        )?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                http,
+                clock,
+                regions,
+                region,
+                kube,
+                users: Slots::new(),
+                workloads: Slots::new(),
+                instance: Slot::new(),
+                instance_region: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+
+    /// Establishes the identity of one mount before any OCI call: validates the mount's
+    /// own service-account token (workload), loads or renews what is needed (one exchange
+    /// per identity however many mounts ask at once), and says where its Secrets calls go.
+    pub async fn establish(&self, request: &IdentityRequest) -> Result<Established, AuthError> {
+        let deadline = request.deadline;
+        let work = async {
+            match &request.kind {
+                PrincipalKind::User { secret_name } => {
+                    user::establish(&self.inner, request, secret_name).await
+                }
+                PrincipalKind::Workload => workload::establish(&self.inner, request).await,
+                PrincipalKind::Instance => instance::establish(&self.inner, deadline).await,
+            }
+        };
+        tokio::time::timeout_at(deadline, work)
+            .await
+            .map_err(|_| AuthError::DeadlineExceeded("establishing the mount's identity"))?
+    }
+}
+
+impl Inner {
+    fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    fn kube(&self) -> Result<&KubeApi, AuthError> {
+        self.kube.as_ref().ok_or_else(|| {
+            AuthError::Config(
+                "no kubernetes api is configured (kubernetes_api, kubeconfig or kubernetes_service_host)"
+                    .into(),
+            )
+        })
+    }
+
+    /// The Secrets base URL for a principal whose region is `region`.
+    fn secrets_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
+        if let Some(url) = &self.config.secrets_endpoint {
+            return Ok(url.trim_end_matches('/').to_owned());
+        }
+        region.map(Region::secrets_endpoint).ok_or_else(|| {
+            AuthError::Config(
+                "no region is configured (OCI_RESOURCE_PRINCIPAL_REGION) and no secrets endpoint"
+                    .into(),
+            )
+        })
+    }
+}
+
+impl Credentials for Principals {
+    fn signing_key<'a>(
+        &'a self,
+        identity: &'a Identity,
+    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + BACKGROUND_BUDGET;
+            match identity {
+                Identity::User { .. } => user::signing_key(&self.inner, identity),
+                Identity::Workload { .. } => {
+                    workload::signing_key(&self.inner, identity, deadline).await
+                }
+                Identity::Instance => instance::signing_key(&self.inner, deadline).await,
+            }
+        })
+    }
+
+    fn invalidate(&self, identity: &Identity) {
+        match identity {
+            Identity::User {
+                namespace,
+                secret_name,
+            } => {
+                if let Some(slot) = self
+                    .inner
+                    .users
+                    .existing(&(namespace.clone(), secret_name.clone()))
+                {
+                    slot.set(None);
+                }
+            }
+            Identity::Workload {
+                namespace,
+                service_account,
+                ..
+            } => {
+                if let Some(slot) = self
+                    .inner
+                    .workloads
+                    .existing(&(namespace.clone(), service_account.clone()))
+                {
+                    slot.update(|session| {
+                        if let Some(session) = session.as_mut().filter(|s| &s.identity == identity)
+                        {
+                            session.invalidated = true;
+                        }
+                    });
+                }
+            }
+            Identity::Instance => self.inner.instance.update(|session| {
+                if let Some(session) = session.as_mut() {
+                    session.invalidated = true;
+                }
+            }),
+        }
+        tracing::debug!(%identity, "credentials invalidated after a 401 from oci");
+    }
+}
+
+/// Whether a token expiring at `exp` (seconds since the epoch) is still good at `now`.
+pub(crate) fn fresh(exp: SystemTime, now: SystemTime) -> bool {
+    exp > now + REFRESH_MARGIN
+}
+
+/// Generates an RSA-2048 session key off the async threads (it takes ~100 ms).
+pub(crate) async fn session_key() -> Result<Arc<crate::PrivateKey>, AuthError> {
+    tokio::task::spawn_blocking(crate::PrivateKey::generate_rsa_2048)
+        .await
+        .map_err(|_| AuthError::Internal("the key generation task failed"))?
+        .map(Arc::new)
+        .map_err(AuthError::SessionKey)
+}

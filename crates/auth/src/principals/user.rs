@@ -1,0 +1,252 @@
+//! The user principal (spec 5): an API key from a Kubernetes Secret in the pod's namespace,
+//! cached for a TTL and dropped after a 401.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use zeroize::Zeroizing;
+
+use super::{IdentityRequest, Inner};
+use crate::error::{AuthError, UserSecretError};
+use crate::region::Region;
+use crate::signing::{KeyId, SigningKey};
+use crate::{Identity, PrivateKey};
+
+/// A loaded user key and where its calls go.
+#[derive(Clone, Debug)]
+pub(crate) struct UserKey {
+    key: SigningKey,
+    region: Region,
+    loaded: SystemTime,
+}
+
+/// A scalar YAML value as text (`fingerprint: 12:bf:...` is a string, but `region: 1`
+/// would be a number); mappings and sequences are refused.
+struct Scalar(Zeroizing<String>);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ScalarVisitor;
+        impl Visitor<'_> for ScalarVisitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a scalar string value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v)))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v.to_string())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v.to_string())))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(v.to_string())))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+                Ok(Scalar(Zeroizing::new(String::new())))
+            }
+        }
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+struct Config {
+    auth: Option<BTreeMap<String, Scalar>>,
+}
+
+pub(super) async fn establish(
+    inner: &Inner,
+    request: &IdentityRequest,
+    secret_name: &str,
+) -> Result<super::Established, AuthError> {
+    let namespace = request.namespace()?;
+    if secret_name.is_empty() {
+        return Err(AuthError::MissingRequestField("authSecretName"));
+    }
+    let identity = Identity::User {
+        namespace: namespace.to_owned(),
+        secret_name: secret_name.to_owned(),
+    };
+    let slot = inner
+        .users
+        .slot(&(namespace.to_owned(), secret_name.to_owned()));
+    let ttl = inner.config.user_secret_ttl;
+    let usable = |k: &UserKey| inner.now() < k.loaded + ttl;
+    let loaded = match slot.get().filter(usable) {
+        Some(loaded) => loaded,
+        None => {
+            let _renewing = slot.renewing(request.deadline).await?;
+            match slot.get().filter(usable) {
+                Some(loaded) => loaded,
+                None => {
+                    let loaded = load(inner, namespace, secret_name, request.deadline).await?;
+                    slot.set(Some(loaded.clone()));
+                    loaded
+                }
+            }
+        }
+    };
+    Ok(super::Established {
+        identity,
+        secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
+    })
+}
+
+/// The cached key; a user key is never renewed here (the next mount re-reads the Secret).
+pub(super) fn signing_key(inner: &Inner, identity: &Identity) -> Result<SigningKey, AuthError> {
+    let Identity::User {
+        namespace,
+        secret_name,
+    } = identity
+    else {
+        return Err(AuthError::NotEstablished {
+            identity: identity.clone(),
+        });
+    };
+    inner
+        .users
+        .existing(&(namespace.clone(), secret_name.clone()))
+        .and_then(|slot| slot.get())
+        .map(|k| k.key)
+        .ok_or_else(|| AuthError::NotEstablished {
+            identity: identity.clone(),
+        })
+}
+
+async fn load(
+    inner: &Inner,
+    namespace: &str,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> Result<UserKey, AuthError> {
+    let data = inner
+        .kube()?
+        .secret(namespace, name, deadline)
+        .await?
+        .ok_or_else(|| AuthError::UserSecretNotFound {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })?;
+    let malformed = |problem: UserSecretError| AuthError::UserSecret {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        problem,
+    };
+    let config = data
+        .get("config")
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| malformed(UserSecretError::EmptyConfig))?;
+    let config = std::str::from_utf8(config)
+        .map_err(|_| malformed(UserSecretError::InvalidConfig("it is not utf-8".into())))?;
+    let config: Config = serde_saphyr::from_str(config).map_err(|e| {
+        // Position only: the text around it may be a passphrase.
+        let at = e
+            .to_string()
+            .lines()
+            .next()
+            .map(|l| l.chars().take(120).collect::<String>())
+            .unwrap_or_default();
+        malformed(UserSecretError::InvalidConfig(redact_yaml_error(&at)))
+    })?;
+    let auth = config.auth.ok_or_else(|| {
+        malformed(UserSecretError::InvalidConfig(
+            "there is no auth mapping".into(),
+        ))
+    })?;
+    let get = |key: &str| {
+        auth.get(key)
+            .map(|v| v.0.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    // Checked before the members, as in the Go provider (spec 5.1 step 4).
+    let private_key = data
+        .get("private-key")
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| malformed(UserSecretError::EmptyPrivateKey))?;
+    let mut missing = Vec::new();
+    for (key, message) in [
+        (
+            "tenancy",
+            "Auth.Tenancy: Required value: Tenancy is required for user principal",
+        ),
+        (
+            "region",
+            "Auth.Region: Required value: Region is required for user principal",
+        ),
+        (
+            "fingerprint",
+            "Auth.Fingerprint: Required value: Fingerprint is required for user principal",
+        ),
+        (
+            "user",
+            "Auth.UserID: Required value: UserID is required for user principal",
+        ),
+    ] {
+        if get(key).is_none() {
+            missing.push(message);
+        }
+    }
+    let (Some(tenancy), Some(region), Some(fingerprint), Some(user)) = (
+        get("tenancy"),
+        get("region"),
+        get("fingerprint"),
+        get("user"),
+    ) else {
+        return Err(malformed(UserSecretError::Missing(missing)));
+    };
+    let region = inner
+        .regions
+        .resolve(region)
+        .map_err(|e| malformed(UserSecretError::Region(e)))?;
+    let passphrase = get("passphrase").map(|p| Zeroizing::new(p.as_bytes().to_vec()));
+    let pem = Zeroizing::new(private_key.to_vec());
+    let key = tokio::task::spawn_blocking(move || {
+        PrivateKey::from_pem(&pem, passphrase.as_ref().map(|p| p.as_slice()))
+    })
+    .await
+    .map_err(|_| AuthError::Internal("the key loading task failed"))?
+    .map_err(|e| malformed(UserSecretError::Key(e)))?;
+    let actual = key.fingerprint();
+    let mut signing = SigningKey::new(
+        KeyId::new(format!("{tenancy}/{user}/{fingerprint}")),
+        Arc::new(key),
+    );
+    if !actual.eq_ignore_ascii_case(fingerprint) {
+        tracing::warn!(
+            namespace,
+            secret = name,
+            configured = fingerprint,
+            key = %actual,
+            "the configured fingerprint does not match the private key; using it as given"
+        );
+        signing = signing.with_rejection_hint(format!(
+            "the configured fingerprint {fingerprint} differs from the private key's fingerprint {actual}"
+        ));
+    }
+    Ok(UserKey {
+        key: signing,
+        region,
+        loaded: inner.now(),
+    })
+}
+
+/// serde-saphyr's messages quote the offending scalar; keep only the position.
+fn redact_yaml_error(message: &str) -> String {
+    match message.find(" at line ") {
+        Some(at) => format!("not a yaml mapping of strings under auth{}", &message[at..]),
+        None => "not a yaml mapping of strings under auth".to_owned(),
+    }
+}

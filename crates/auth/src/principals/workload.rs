@@ -1,0 +1,363 @@
+//! OKE workload identity (spec 3): the pod's service-account token, exchanged at the
+//! proxymux for an RPST bound to a fresh session key; cached per identity.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, StatusCode};
+use secrecy::{ExposeSecret as _, SecretString};
+use zeroize::Zeroizing;
+
+use super::{IdentityRequest, Inner, PROXYMUX_PORT, fresh, session_key};
+use crate::error::{AuthError, Endpoint};
+use crate::remote::{build, error_detail, request_id, send, url_host};
+use crate::signing::{KeyId, SigningKey};
+use crate::{Identity, jwt};
+
+/// A workload's RPST with its session key, and what is needed to renew it.
+#[derive(Clone, Debug)]
+pub(crate) struct Session {
+    pub(crate) identity: Identity,
+    key: SigningKey,
+    exp: SystemTime,
+    /// The service-account token last exchanged, reused for a renewal while it is valid.
+    sa_token: SecretString,
+    sa_exp: SystemTime,
+    /// The pod a TokenRequest is bound to, for renewals.
+    pod: Option<(String, String)>,
+    pub(crate) invalidated: bool,
+}
+
+impl Session {
+    fn usable(&self, now: SystemTime) -> bool {
+        !self.invalidated && fresh(self.exp, now)
+    }
+}
+
+/// What we read of a service-account token without verifying it.
+struct TokenInfo {
+    exp: SystemTime,
+    uid: Option<String>,
+}
+
+/// The local checks of spec 3.3 (three-part JWT, Base64url JSON, `exp` more than five
+/// minutes away), plus: the token belongs to this namespace and service account when it
+/// says so.
+fn check_token(
+    token: &SecretString,
+    namespace: &str,
+    service_account: &str,
+    now: SystemTime,
+) -> Result<TokenInfo, AuthError> {
+    let invalid = |reason: &'static str| AuthError::InvalidServiceAccountToken {
+        namespace: namespace.to_owned(),
+        service_account: service_account.to_owned(),
+        reason,
+    };
+    let claims = jwt::claims(token.expose_secret()).map_err(invalid)?;
+    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(invalid)?);
+    if !fresh(exp, now) {
+        return Err(invalid("it expires within five minutes or has expired"));
+    }
+    let claimed_ns = jwt::string_at(&claims, &["kubernetes.io", "namespace"]);
+    let claimed_sa = jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "name"]);
+    if claimed_ns.is_some_and(|ns| ns != namespace)
+        || claimed_sa.is_some_and(|sa| sa != service_account)
+    {
+        return Err(invalid("it belongs to another service account"));
+    }
+    let uid = jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "uid"]);
+    Ok(TokenInfo { exp, uid })
+}
+
+pub(super) async fn establish(
+    inner: &Inner,
+    request: &IdentityRequest,
+) -> Result<super::Established, AuthError> {
+    let namespace = request.namespace()?;
+    let service_account = request.service_account()?;
+    let secrets_endpoint = inner.secrets_endpoint(inner.region.as_ref())?;
+    // The mount's own token is checked first, whatever the cache holds: a mount whose
+    // token is invalid is refused even if its identity has a valid RPST.
+    let supplied = match request
+        .service_account_tokens
+        .get(&inner.config.workload_audience)
+    {
+        Some(token) => {
+            let info = check_token(token, namespace, service_account, inner.now())?;
+            Some((token.clone(), info))
+        }
+        None if inner.config.token_request => None,
+        None => {
+            return Err(AuthError::NoServiceAccountToken {
+                namespace: namespace.to_owned(),
+                service_account: service_account.to_owned(),
+                audience: inner.config.workload_audience.clone(),
+            });
+        }
+    };
+    let key = (namespace.to_owned(), service_account.to_owned());
+    let slot = inner.workloads.slot(&key);
+    let matches = |session: &Session| match &supplied {
+        // A token of a recreated service account (another uid) is another identity.
+        Some((_, TokenInfo { uid: Some(uid), .. })) => matches!(
+            &session.identity,
+            Identity::Workload { service_account_uid: Some(cached), .. } if cached == uid
+        ),
+        _ => true,
+    };
+    let done = |identity: Identity| super::Established {
+        identity,
+        secrets_endpoint: secrets_endpoint.clone(),
+    };
+    if let Some(session) = slot.get().filter(|s| s.usable(inner.now()) && matches(s)) {
+        return Ok(done(session.identity));
+    }
+    let _renewing = slot.renewing(request.deadline).await?;
+    // Whoever held the lock may have just renewed it.
+    if let Some(session) = slot.get().filter(|s| s.usable(inner.now()) && matches(s)) {
+        return Ok(done(session.identity));
+    }
+    let pod = request.pod().map(|(n, u)| (n.to_owned(), u.to_owned()));
+    let (token, info) = match supplied {
+        Some(supplied) => supplied,
+        None => {
+            request_token(
+                inner,
+                namespace,
+                service_account,
+                pod.as_ref(),
+                request.deadline,
+            )
+            .await?
+        }
+    };
+    let session = exchange(
+        inner,
+        namespace,
+        service_account,
+        token,
+        info,
+        pod,
+        request.deadline,
+    )
+    .await?;
+    let identity = session.identity.clone();
+    slot.set(Some(session));
+    Ok(done(identity))
+}
+
+/// The key of an established workload identity, renewed if it expired or was invalidated
+/// (with the last service-account token while it is valid, else a TokenRequest).
+pub(super) async fn signing_key(
+    inner: &Inner,
+    identity: &Identity,
+    deadline: tokio::time::Instant,
+) -> Result<SigningKey, AuthError> {
+    let Identity::Workload {
+        namespace,
+        service_account,
+        ..
+    } = identity
+    else {
+        return Err(AuthError::NotEstablished {
+            identity: identity.clone(),
+        });
+    };
+    let not_established = || AuthError::NotEstablished {
+        identity: identity.clone(),
+    };
+    let slot = inner
+        .workloads
+        .existing(&(namespace.clone(), service_account.clone()))
+        .ok_or_else(not_established)?;
+    let current = slot
+        .get()
+        .filter(|s| &s.identity == identity)
+        .ok_or_else(not_established)?;
+    if current.usable(inner.now()) {
+        return Ok(current.key);
+    }
+    let _renewing = slot.renewing(deadline).await?;
+    let current = slot
+        .get()
+        .filter(|s| &s.identity == identity)
+        .ok_or_else(not_established)?;
+    if current.usable(inner.now()) {
+        return Ok(current.key);
+    }
+    let (token, info) = if fresh(current.sa_exp, inner.now()) {
+        let info = check_token(&current.sa_token, namespace, service_account, inner.now())?;
+        (current.sa_token.clone(), info)
+    } else if inner.config.token_request {
+        request_token(
+            inner,
+            namespace,
+            service_account,
+            current.pod.as_ref(),
+            deadline,
+        )
+        .await?
+    } else {
+        return Err(not_established());
+    };
+    let session = exchange(
+        inner,
+        namespace,
+        service_account,
+        token,
+        info,
+        current.pod.clone(),
+        deadline,
+    )
+    .await?;
+    if &session.identity != identity {
+        // The service account was recreated in between: the old identity is gone.
+        slot.set(Some(session));
+        return Err(not_established());
+    }
+    let key = session.key.clone();
+    slot.set(Some(session));
+    Ok(key)
+}
+
+async fn request_token(
+    inner: &Inner,
+    namespace: &str,
+    service_account: &str,
+    pod: Option<&(String, String)>,
+    deadline: tokio::time::Instant,
+) -> Result<(SecretString, TokenInfo), AuthError> {
+    let token = inner
+        .kube()?
+        .token_request(
+            namespace,
+            service_account,
+            &inner.config.workload_audience,
+            pod.map(|(n, u)| (n.as_str(), u.as_str())),
+            inner.config.token_request_expiration.as_secs(),
+            deadline,
+        )
+        .await?;
+    let info = check_token(&token, namespace, service_account, inner.now())?;
+    Ok((token, info))
+}
+
+fn proxymux_url(inner: &Inner) -> Result<String, AuthError> {
+    if let Some(url) = &inner.config.proxymux {
+        return Ok(url.trim_end_matches('/').to_owned());
+    }
+    let host = inner
+        .config
+        .kubernetes_service_host
+        .as_deref()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| {
+            AuthError::Config(
+                "workload identity needs the proxymux url or KUBERNETES_SERVICE_HOST".into(),
+            )
+        })?;
+    Ok(format!("https://{}:{PROXYMUX_PORT}", url_host(host)))
+}
+
+/// One proxymux exchange (spec 3.3, 3.4) with a fresh session key.
+async fn exchange(
+    inner: &Inner,
+    namespace: &str,
+    service_account: &str,
+    token: SecretString,
+    info: TokenInfo,
+    pod: Option<(String, String)>,
+    deadline: tokio::time::Instant,
+) -> Result<Session, AuthError> {
+    let operation = format!("the token exchange of service account {namespace}/{service_account}");
+    let malformed = |reason: &str| AuthError::MalformedResponse {
+        endpoint: Endpoint::Proxymux,
+        operation: operation.clone(),
+        reason: reason.to_owned(),
+    };
+    let session_key = session_key().await?;
+    let body = serde_json::json!({ "podKey": session_key.public_key_pem() }).to_string();
+    let bearer = Zeroizing::new(format!("Bearer {}", token.expose_secret()));
+    let mut bearer =
+        HeaderValue::from_str(&bearer).map_err(|_| AuthError::InvalidServiceAccountToken {
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+            reason: "it is not a valid header value",
+        })?;
+    bearer.set_sensitive(true);
+    let request = build(
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!(
+                "{}/resourcePrincipalSessionTokens",
+                proxymux_url(inner)?
+            ))
+            .header(AUTHORIZATION, bearer)
+            .header(CONTENT_TYPE, "application/json")
+            .header("opc-request-id", request_id()),
+        body,
+    )?;
+    let response = send(
+        &inner.http,
+        request,
+        deadline,
+        Endpoint::Proxymux,
+        &operation,
+    )
+    .await?;
+    if response.status() != StatusCode::OK {
+        return Err(AuthError::Status {
+            endpoint: Endpoint::Proxymux,
+            operation,
+            status: response.status().as_u16(),
+            detail: error_detail(response.body()),
+        });
+    }
+    // A JSON string literal around standard Base64 of {"token":"ST$<rpst>"}.
+    let body = response.body();
+    let quoted = body.len() >= 2 && body.first() == Some(&b'"') && body.last() == Some(&b'"');
+    if !quoted {
+        return Err(malformed("the body is not a quoted string"));
+    }
+    let decoded = Zeroizing::new(
+        STANDARD
+            .decode(&body[1..body.len() - 1])
+            .map_err(|_| malformed("the body is not base64"))?,
+    );
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&decoded)
+        .map_err(|_| malformed("the decoded body is not a json object"))?;
+    let rpst = object
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("token"))
+        .and_then(|(_, v)| v.as_str())
+        .filter(|t| t.len() >= 3)
+        .ok_or_else(|| malformed("no token member"))?;
+    // The SDK strips the first three characters (`ST$`) without looking at them.
+    let rpst = rpst
+        .get(3..)
+        .ok_or_else(|| malformed("the token is not text"))?;
+    let claims = jwt::claims(rpst).map_err(malformed)?;
+    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(malformed)?);
+    if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
+        return Err(malformed("the token has no res_tenant claim"));
+    }
+    let identity = Identity::Workload {
+        namespace: namespace.to_owned(),
+        service_account: service_account.to_owned(),
+        service_account_uid: info.uid,
+    };
+    tracing::info!(%identity, "exchanged a service-account token for a resource principal session token");
+    Ok(Session {
+        identity,
+        key: SigningKey::new(KeyId::security_token(rpst), Arc::clone(&session_key)),
+        exp,
+        sa_token: token,
+        sa_exp: info.exp,
+        pod,
+        invalidated: false,
+    })
+}

@@ -1,0 +1,90 @@
+//! Sending auth's own requests (Kubernetes API, proxymux, instance metadata, federation)
+//! over the one transport, with the mount's deadline and errors that name the endpoint.
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower::ServiceExt as _;
+use transport::{Deadline, HttpService};
+
+use crate::error::{AuthError, Endpoint};
+
+/// Sends `request` with `deadline` over `http`.
+pub(crate) async fn send(
+    http: &HttpService,
+    mut request: Request<Bytes>,
+    deadline: tokio::time::Instant,
+    endpoint: Endpoint,
+    operation: &str,
+) -> Result<Response<Bytes>, AuthError> {
+    request.extensions_mut().insert(Deadline(deadline));
+    http.clone()
+        .oneshot(request)
+        .await
+        .map_err(|source| AuthError::Transport {
+            endpoint,
+            operation: operation.to_owned(),
+            source,
+        })
+}
+
+/// The `code` (OCI) or `reason` (Kubernetes) member of an error body, if it is short
+/// printable text. Bodies are not echoed whole: they are not ours to log.
+pub(crate) fn error_detail(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let text = value
+        .get("code")
+        .and_then(|c| c.as_str())
+        .or_else(|| value.get("reason").and_then(|r| r.as_str()))?;
+    (text.len() <= 64
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+    .then(|| text.to_owned())
+}
+
+/// Builds a request, mapping the (static, so unreachable) builder error to `Internal`.
+pub(crate) fn build(
+    builder: http::request::Builder,
+    body: impl Into<Bytes>,
+) -> Result<Request<Bytes>, AuthError> {
+    builder
+        .body(body.into())
+        .map_err(|_| AuthError::Config("an endpoint url does not form a valid request uri".into()))
+}
+
+/// Percent-encodes a path segment (Kubernetes names are DNS labels, but the mount's
+/// attributes are not ours to trust).
+pub(crate) fn segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `host` as it goes in a URL authority: IPv6 addresses bracketed.
+pub(crate) fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// Random `opc-request-id`: three groups of 32 hex digits separated by `/` (spec 3.3).
+pub(crate) fn request_id() -> String {
+    let mut bytes = [0u8; 48];
+    // On failure (no entropy source) fall back to zeros: the id is for correlation only.
+    let _ = aws_lc_rs::rand::fill(&mut bytes);
+    let hex = |chunk: &[u8]| chunk.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!(
+        "{}/{}/{}",
+        hex(&bytes[..16]),
+        hex(&bytes[16..32]),
+        hex(&bytes[32..])
+    )
+}
