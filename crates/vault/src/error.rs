@@ -215,7 +215,7 @@ pub enum VaultError {
         source: Box<AuthError>,
     },
     /// The exchange failed below HTTP: connect, TLS, broken connection, timeout.
-    #[error("cannot reach OCI for {secret} as {principal}: {} (sent {})", Chain(.source), Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("the request to OCI for {secret} as {principal} failed: {} (sent {})", Chain(.source), Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Transport {
         /// The secret and the principal.
         subject: Box<Subject>,
