@@ -599,20 +599,65 @@ mod tests {
         assert!(script.times().is_empty());
     }
 
+    type Boxed = tower::util::BoxCloneSyncService<Request<Bytes>, Response<Bytes>, BoxError>;
+
+    /// A client whose signer always fails with `error`, and a count of its calls.
+    fn failing_signer(error: fn() -> auth::AuthError) -> (VaultClient<Boxed>, Arc<Mutex<u32>>) {
+        let calls = Arc::new(Mutex::new(0));
+        let counter = calls.clone();
+        let service =
+            tower::util::BoxCloneSyncService::new(service_fn(move |_: Request<Bytes>| {
+                *counter.lock().unwrap() += 1;
+                async move { Err::<Response<Bytes>, BoxError>(Box::new(error())) }
+            }));
+        (VaultClient::new(service, no_jitter()), calls)
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn signing_errors_are_unauthenticated_with_the_auth_message() {
-        let client = VaultClient::new(
-            service_fn(|_: Request<Bytes>| async {
-                Err::<Response<Bytes>, BoxError>(Box::new(auth::AuthError::MissingIdentity))
-            }),
-            RetryPolicy::default(),
-        );
+    async fn signing_errors_follow_auths_classification() {
+        let (client, calls) = failing_signer(|| auth::AuthError::Unauthorized {
+            identity: Identity::Instance,
+            code: Some("NotAuthenticated".into()),
+            hint: None,
+        });
         let error = client
             .oneshot(request(Duration::from_secs(60)))
             .await
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+        assert!(error.to_string().contains("NotAuthenticated"), "{error}");
+        assert_eq!(*calls.lock().unwrap(), 1);
+
+        let (client, calls) = failing_signer(|| auth::AuthError::MissingIdentity);
+        let error = client
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Internal);
         assert!(error.to_string().contains("carries no identity"), "{error}");
+        assert_eq!(*calls.lock().unwrap(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_credential_failures_are_retried() {
+        let (client, calls) = failing_signer(|| auth::AuthError::Credentials {
+            identity: Identity::Instance,
+            source: "the proxymux is down".into(),
+        });
+        let error = client
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert!(
+            matches!(error, VaultError::Exhausted { attempts: 5, .. }),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("the proxymux is down"),
+            "{error}"
+        );
+        assert_eq!(*calls.lock().unwrap(), 5);
     }
 
     #[test]

@@ -205,8 +205,10 @@ pub enum VaultError {
         /// OCI's request id.
         opc_request_id: Option<String>,
     },
-    /// The request could not be signed (no key for the principal, token exchange failed).
-    #[error("cannot sign the request for {secret} as {principal}: {}", Chain(.source), secret = .subject.secret, principal = .subject.principal)]
+    /// The signing layer failed: no credentials for the principal (a missing user Secret,
+    /// a failed token exchange), or OCI refused them (a 401 the layer turned into an
+    /// error). The kind follows auth's classification.
+    #[error("authentication failed for {secret} as {principal}: {}", Chain(.source), secret = .subject.secret, principal = .subject.principal)]
     Signing {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -294,9 +296,18 @@ impl VaultError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             VaultError::NotFound { .. } => ErrorKind::NotFound,
-            VaultError::Unauthenticated { .. } | VaultError::Signing { .. } => {
-                ErrorKind::Unauthenticated
-            }
+            VaultError::Unauthenticated { .. } => ErrorKind::Unauthenticated,
+            VaultError::Signing { source, .. } => match source.kind() {
+                auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+                auth::ErrorKind::NotFound => ErrorKind::NotFound,
+                auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+                auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
+                auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+                auth::ErrorKind::Internal => ErrorKind::Internal,
+                // Unauthenticated, and whatever kinds auth adds later: the principal could
+                // not be authenticated.
+                _ => ErrorKind::Unauthenticated,
+            },
             VaultError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             VaultError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             VaultError::Status { oci, .. } => match oci.status {
@@ -321,7 +332,7 @@ impl VaultError {
 
     /// Whether the failure is transient, per the Go SDK's default policy (spec 2.7):
     /// 409 `IncorrectState`, 429, 500-504 except 501 `MethodNotImplemented`, and
-    /// connection failures. The client retries these itself; an [`VaultError::Exhausted`]
+    /// connection failures; also a signing failure auth classifies as Unavailable. The client retries these itself; an [`VaultError::Exhausted`]
     /// error is transient but already retried. A transport timeout counts as transient
     /// (the client only retries it while the deadline has not passed).
     pub fn is_retryable(&self) -> bool {
@@ -338,6 +349,9 @@ impl VaultError {
                     | transport::ErrorKind::Io
                     | transport::ErrorKind::Timeout
             ),
+            // A token exchange that failed transiently (proxymux or federation down) is
+            // worth another attempt: auth does not retry its own calls.
+            VaultError::Signing { source, .. } => source.kind() == auth::ErrorKind::Unavailable,
             VaultError::Exhausted { last, .. } => last.is_retryable(),
             _ => false,
         }

@@ -48,9 +48,8 @@ impl Credentials for UserKey {
             if *identity == self.identity {
                 Ok(self.key.clone())
             } else {
-                Err(AuthError::Credentials {
+                Err(AuthError::NotEstablished {
                     identity: identity.clone(),
-                    source: "no key for this identity in the test".into(),
                 })
             }
         })
@@ -431,11 +430,11 @@ async fn signing_failure_is_unauthenticated_without_a_request() {
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     let message = error.to_string();
     assert!(
-        message.contains("cannot obtain credentials for instance principal"),
+        message.contains("authentication failed for secret \"db-password\""),
         "{message}"
     );
     assert!(
-        message.contains("no key for this identity in the test"),
+        message.contains("no credentials are established for instance principal"),
         "{message}"
     );
     assert_eq!(f.emu.stats().arrived(Endpoint::Secrets), 0);
