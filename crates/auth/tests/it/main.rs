@@ -2,6 +2,8 @@
 
 mod keys;
 mod layer;
+mod principals;
+mod regions;
 mod vectors;
 
 /// Reads a fixture from `tests/data/`.

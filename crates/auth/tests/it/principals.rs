@@ -1,0 +1,831 @@
+//! The three principals end to end against the emulator: real TLS, the one transport,
+//! signatures verified by the emulator, the shared manual clock, no sleeps.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use oci_csi_auth::{
+    AuthError, BoxError, BoxFuture, Credentials, ErrorKind, Established, Identity, IdentityRequest,
+    ManualClock, PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock, SigningKey,
+    SigningLayer,
+};
+use secrecy::SecretString;
+use testkit::{Emulator, Endpoint, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
+use tower::{Layer as _, ServiceExt as _};
+use transport::{Deadline, HttpService, Transport, TransportConfig};
+
+use crate::{PASSPHRASE, SPEC_KEY, fixture};
+
+const VAULT: &str = "ocid1.vault.oc1..v";
+const SECRET: &str = "db-password";
+const TENANCY: &str = "ocid1.tenancy.oc1..aaaaaaaausertenancy";
+const USER: &str = "ocid1.user.oc1..aaaaaaaauser";
+const NS: &str = "app";
+const SA: &str = "app-sa";
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Fixture {
+    emu: Emulator,
+    clock: Arc<ManualClock>,
+    http: HttpService,
+    principals: Principals,
+}
+
+/// A clock on a whole second, so token `exp` claims (whole seconds) line up exactly.
+fn clock() -> Arc<ManualClock> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    Arc::new(ManualClock::new(UNIX_EPOCH + Duration::from_secs(now)))
+}
+
+fn base_seed() -> Seed {
+    let mut seed = Seed::default().vault(VAULT).service_account(NS, SA);
+    let mut secret = SecretSeed::new("ocid1.vaultsecret.oc1..s", VAULT, SECRET)
+        .version(1, "hunter2", &["CURRENT", "LATEST"])
+        .allow_user(USER)
+        .allow_workload(NS, SA)
+        .allow_instance_tenancy(seed.instance.tenancy.clone());
+    for i in 0..20 {
+        let sa = format!("sa-{i}");
+        seed = seed.service_account(NS, &sa);
+        secret = secret.allow_workload(NS, &sa);
+    }
+    seed.secret(secret)
+}
+
+async fn start(seed: Seed, tweak: impl FnOnce(&mut PrincipalsConfig, &Emulator)) -> Fixture {
+    let clock = clock();
+    let shared: SharedClock = clock.clone();
+    let emu = Emulator::start(seed, shared.clone()).await.unwrap();
+    let ca = emu.files().ca.clone();
+    let mut config = PrincipalsConfig {
+        region: Some("us-ashburn-1".into()),
+        secrets_endpoint: Some(emu.url(Endpoint::Secrets)),
+        federation_endpoint: Some(emu.url(Endpoint::Auth)),
+        instance_metadata: emu.url(Endpoint::Imds),
+        proxymux: Some(emu.url(Endpoint::Proxymux)),
+        kubernetes_api: Some(emu.url(Endpoint::Kube)),
+        service_account_token_file: emu.files().provider_token.clone(),
+        ..PrincipalsConfig::default()
+    };
+    tweak(&mut config, &emu);
+    let authority = |url: &str| {
+        url.parse::<http::Uri>()
+            .unwrap()
+            .authority()
+            .unwrap()
+            .to_string()
+    };
+    let transport = TransportConfig {
+        oci_ca_files: vec![ca.clone()],
+        ..TransportConfig::default()
+    }
+    .trust_only(authority(config.proxymux.as_deref().unwrap()), ca.clone())
+    .trust_only(emu.addr(Endpoint::Kube).to_string(), ca)
+    .allow_plain_http(authority(&config.instance_metadata));
+    let http = Transport::new(transport).unwrap().service();
+    let principals = Principals::new(config, http.clone(), shared).unwrap();
+    Fixture {
+        emu,
+        clock,
+        http,
+        principals,
+    }
+}
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + WAIT
+}
+
+fn request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
+    IdentityRequest {
+        kind,
+        namespace: Some(NS.into()),
+        pod_name: Some("pod".into()),
+        pod_uid: Some("pod-uid".into()),
+        service_account: Some(service_account.into()),
+        service_account_tokens: BTreeMap::new(),
+        deadline: deadline(),
+    }
+}
+
+fn with_token(mut request: IdentityRequest, token: String) -> IdentityRequest {
+    request
+        .service_account_tokens
+        .insert(String::new(), SecretString::from(token));
+    request
+}
+
+/// A signed GetSecretBundleByName (spec 2.2) through the signing layer over the transport.
+async fn get_by_name(
+    credentials: Arc<dyn Credentials>,
+    fx: &Fixture,
+    established: &Established,
+) -> Result<Response<Bytes>, BoxError> {
+    let service = SigningLayer::new(credentials, fx.clock.clone()).layer(fx.http.clone());
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(format!(
+            "{}/20190301/secretbundles/actions/getByName?secretName={SECRET}&stage=CURRENT&vaultId={VAULT}",
+            established.secrets_endpoint
+        ))
+        .body(Bytes::new())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(established.identity.clone());
+    request.extensions_mut().insert(Deadline(deadline()));
+    service.oneshot(request).await
+}
+
+/// A signed GetSecretBundle (GET).
+async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
+    let service =
+        SigningLayer::new(Arc::new(fx.principals.clone()), fx.clock.clone()).layer(fx.http.clone());
+    let mut request = Request::builder()
+        .method(Method::GET)
+        .uri(format!(
+            "{}/20190301/secretbundles/ocid1.vaultsecret.oc1..s?stage=CURRENT",
+            established.secrets_endpoint
+        ))
+        .body(Bytes::new())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(established.identity.clone());
+    service.oneshot(request).await.unwrap()
+}
+
+fn own(fx: &Fixture) -> Arc<dyn Credentials> {
+    Arc::new(fx.principals.clone())
+}
+
+/// Answers with the principal's key id but another private key.
+#[derive(Debug)]
+struct WrongKey {
+    inner: Principals,
+    key: Arc<PrivateKey>,
+}
+
+impl Credentials for WrongKey {
+    fn signing_key<'a>(
+        &'a self,
+        identity: &'a Identity,
+    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
+        Box::pin(async move {
+            let real = self.inner.signing_key(identity).await?;
+            Ok(SigningKey::new(real.key_id().clone(), self.key.clone()))
+        })
+    }
+
+    fn invalidate(&self, identity: &Identity) {
+        self.inner.invalidate(identity);
+    }
+}
+
+fn wrong_key(fx: &Fixture) -> Arc<dyn Credentials> {
+    Arc::new(WrongKey {
+        inner: fx.principals.clone(),
+        key: Arc::new(PrivateKey::from_pem(SPEC_KEY.as_bytes(), None).unwrap()),
+    })
+}
+
+fn auth_error(error: BoxError) -> AuthError {
+    *error.downcast::<AuthError>().expect("an AuthError")
+}
+
+fn principal_of(identity: &Identity) -> Principal {
+    match identity {
+        Identity::Workload {
+            namespace,
+            service_account,
+            service_account_uid,
+        } => Principal::Workload {
+            namespace: namespace.clone(),
+            service_account: service_account.clone(),
+            service_account_uid: service_account_uid.clone().unwrap(),
+            tenancy: Seed::default().workload_tenancy,
+        },
+        other => panic!("not a workload: {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// user principal
+
+fn user_key() -> PrivateKey {
+    PrivateKey::from_pem(&fixture("rsa-pkcs1.pem"), None).unwrap()
+}
+
+fn user_seed(config: &str, private_key: &[u8]) -> Seed {
+    base_seed()
+        .user(UserSeed {
+            tenancy: TENANCY.into(),
+            user: USER.into(),
+            public_key_pem: user_key().public_key_pem(),
+        })
+        .kube_secret(
+            KubeSecretSeed::new(NS, "oci-config")
+                .data("config", config)
+                .data("private-key", private_key.to_vec()),
+        )
+}
+
+fn user_config(fingerprint: &str) -> String {
+    format!(
+        "auth:\n  region: iad\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fingerprint}\n"
+    )
+}
+
+fn user_request() -> IdentityRequest {
+    request(
+        PrincipalKind::User {
+            secret_name: "oci-config".into(),
+        },
+        SA,
+    )
+}
+
+#[tokio::test]
+async fn user_principal_end_to_end_signs_verified_post_and_get() {
+    let fx = start(
+        user_seed(
+            &user_config(&user_key().fingerprint()),
+            &fixture("rsa-pkcs1.pem"),
+        ),
+        |_, _| {},
+    )
+    .await;
+    let established = fx.principals.establish(&user_request()).await.unwrap();
+    assert_eq!(
+        established.identity,
+        Identity::User {
+            namespace: NS.into(),
+            secret_name: "oci-config".into()
+        }
+    );
+    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    let calls = fx.emu.secrets_calls();
+    assert_eq!(calls.len(), 2);
+    for call in calls {
+        assert_eq!(
+            call.identity,
+            Some(Principal::User {
+                tenancy: TENANCY.into(),
+                user: USER.into()
+            })
+        );
+    }
+    // Cached for the TTL: a second mount reads the Secret no more.
+    let reads = fx.emu.stats().arrived(Endpoint::Kube);
+    fx.principals.establish(&user_request()).await.unwrap();
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads);
+    fx.clock.advance(Duration::from_secs(61));
+    fx.principals.establish(&user_request()).await.unwrap();
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
+}
+
+#[tokio::test]
+async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprints_and_rereads() {
+    let configured = user_key().fingerprint();
+    let wrong = PrivateKey::from_pem(SPEC_KEY.as_bytes(), None).unwrap();
+    let fx = start(
+        user_seed(&user_config(&configured), SPEC_KEY.as_bytes()),
+        |_, _| {},
+    )
+    .await;
+    let established = fx.principals.establish(&user_request()).await.unwrap();
+    let error = auth_error(get_by_name(own(&fx), &fx, &established).await.unwrap_err());
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    let message = error.to_string();
+    assert!(message.contains("user principal"), "{message}");
+    assert!(message.contains(&configured), "{message}");
+    assert!(message.contains(&wrong.fingerprint()), "{message}");
+    // No retry for a user key, and the Secret is read again by the next mount.
+    assert_eq!(fx.emu.stats().responses(Endpoint::Secrets, 401), 1);
+    let reads = fx.emu.stats().arrived(Endpoint::Kube);
+    fx.principals.establish(&user_request()).await.unwrap();
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
+}
+
+#[tokio::test]
+async fn user_secret_missing_is_not_found() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let error = fx.principals.establish(&user_request()).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::NotFound);
+    assert!(
+        error
+            .to_string()
+            .contains("error retrieving secret: oci-config"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_user_secrets_are_specific_invalid_arguments() {
+    let fp = user_key().fingerprint();
+    let pem = fixture("rsa-pkcs1.pem");
+    let encrypted = fixture("rsa-pkcs8-encrypted.pem");
+    let cases: Vec<(String, Vec<u8>, &str)> = vec![
+        (
+            "region: iad\n".into(),
+            pem.clone(),
+            "there is no auth mapping",
+        ),
+        (
+            "auth: [1, 2]\n".into(),
+            pem.clone(),
+            "invalid auth config data",
+        ),
+        (
+            "auth:\n  region:\n    nested: x\n".into(),
+            pem.clone(),
+            "invalid auth config data",
+        ),
+        (
+            "auth:\n  region: iad\n  user: u\n".into(),
+            pem.clone(),
+            "missing auth config data: [Auth.Tenancy: Required value: Tenancy is required for user principal, Auth.Fingerprint: Required value: Fingerprint is required for user principal]",
+        ),
+        (
+            format!(
+                "auth:\n  region: \"us ashburn\"\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+            ),
+            pem.clone(),
+            "region can not be empty or have spaces",
+        ),
+        (
+            user_config(&fp),
+            Vec::new(),
+            "invalid user auth config data",
+        ),
+        (
+            format!("{}  passphrase: not-it\n", user_config(&fp)),
+            encrypted.clone(),
+            "cannot load the private key",
+        ),
+        (String::new(), pem.clone(), "auth config data is empty"),
+    ];
+    for (config, key, expected) in cases {
+        let fx = start(user_seed(&config, &key), |_, _| {}).await;
+        let error = fx.principals.establish(&user_request()).await.unwrap_err();
+        assert_eq!(
+            error.kind(),
+            ErrorKind::InvalidArgument,
+            "{config}: {error}"
+        );
+        let chain = format!(
+            "{error}: {}",
+            std::error::Error::source(&error)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        );
+        assert!(chain.contains(expected), "{config}: {chain}");
+        assert!(!chain.contains("not-it"), "passphrase echoed: {chain}");
+    }
+    // The right passphrase loads the encrypted key.
+    let config = format!(
+        "{}  passphrase: {}\n",
+        user_config(&fp),
+        std::str::from_utf8(PASSPHRASE).unwrap()
+    );
+    let fx = start(user_seed(&config, &encrypted), |_, _| {}).await;
+    fx.principals.establish(&user_request()).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// workload identity
+
+fn sa_token(fx: &Fixture, sa: &str, lifetime: Duration) -> String {
+    fx.emu
+        .issue_service_account_token(NS, sa, lifetime, Some(("pod", "pod-uid")))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn workload_identity_end_to_end_with_driver_token_and_with_token_request() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let established = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    let Identity::Workload {
+        service_account_uid: Some(_),
+        ..
+    } = &established.identity
+    else {
+        panic!("no uid: {:?}", established.identity);
+    };
+    assert_eq!(
+        get_by_name(own(&fx), &fx, &established)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    let stats = fx.emu.stats();
+    assert_eq!(stats.proxymux_exchanges(NS, SA), 1);
+    assert_eq!(stats.total_token_requests(), 0);
+
+    // Without a driver token: one TokenRequest bound to the pod, for another identity.
+    let other = fx
+        .principals
+        .establish(&request(PrincipalKind::Workload, "sa-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        get_by_name(own(&fx), &fx, &other).await.unwrap().status(),
+        200
+    );
+    let stats = fx.emu.stats();
+    assert_eq!(stats.total_token_requests(), 1);
+    assert_eq!(stats.proxymux_exchanges(NS, "sa-1"), 1);
+    for call in fx.emu.secrets_calls() {
+        assert!(matches!(call.identity, Some(Principal::Workload { .. })));
+    }
+}
+
+#[tokio::test]
+async fn workload_identity_with_wrong_key_retries_once_then_is_unauthenticated() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let established = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    let error = auth_error(
+        get_by_name(wrong_key(&fx), &fx, &established)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert!(error.to_string().contains("workload identity"), "{error}");
+    let stats = fx.emu.stats();
+    assert_eq!(stats.responses(Endpoint::Secrets, 401), 2, "one retry");
+    assert_eq!(
+        stats.proxymux_exchanges(NS, SA),
+        2,
+        "a fresh token for the retry"
+    );
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_mounts_of_one_identity_make_one_exchange() {
+    let fx = Arc::new(start(base_seed(), |_, _| {}).await);
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    fx.emu.close_gate(Endpoint::Proxymux);
+    let started = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let fx = fx.clone();
+            let token = token.clone();
+            let started = started.clone();
+            tokio::spawn(async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                fx.principals
+                    .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+                    .await
+            })
+        })
+        .collect();
+    fx.emu
+        .wait_for(WAIT, |s| s.held(Endpoint::Proxymux) >= 1)
+        .await
+        .unwrap();
+    // Let every task reach the single-flight lock (current-thread runtime: each yield
+    // polls every ready task once).
+    while started.load(Ordering::SeqCst) < 200 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(fx.emu.stats().held(Endpoint::Proxymux), 1);
+    fx.emu.open_gate(Endpoint::Proxymux);
+    let mut established = Vec::new();
+    for task in tasks {
+        established.push(task.await.unwrap().unwrap());
+    }
+    let calls: Vec<_> = established
+        .iter()
+        .map(|e| {
+            let fx = fx.clone();
+            let e = e.clone();
+            tokio::spawn(async move { get_by_name(own(&fx), &fx, &e).await.unwrap().status() })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    let stats = fx.emu.stats();
+    assert_eq!(stats.proxymux_exchanges(NS, SA), 1);
+    assert_eq!(stats.responses(Endpoint::Secrets, 200), 200);
+    let recorded = fx.emu.secrets_calls();
+    assert_eq!(recorded.len(), 200);
+    let expected = principal_of(&established[0].identity);
+    assert!(
+        recorded
+            .iter()
+            .all(|c| c.identity.as_ref() == Some(&expected))
+    );
+    eprintln!(
+        "measured: {} exchange(s), {} token request(s) for 200 mounts of one identity",
+        stats.total_proxymux_exchanges(),
+        stats.total_token_requests()
+    );
+}
+
+#[tokio::test]
+async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_requests() {
+    let fx = Arc::new(start(base_seed(), |_, _| {}).await);
+    fx.emu.close_gate(Endpoint::Proxymux);
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let fx = fx.clone();
+            let sa = format!("sa-{}", i % 20);
+            tokio::spawn(async move {
+                let established = fx
+                    .principals
+                    .establish(&request(PrincipalKind::Workload, &sa))
+                    .await
+                    .unwrap();
+                (sa, established)
+            })
+        })
+        .collect();
+    fx.emu
+        // The transport lets 4 requests per host in flight (its default bound), so 4
+        // exchanges are held and 16 queue behind them, each after its one TokenRequest.
+        .wait_for(WAIT, |s| {
+            s.held(Endpoint::Proxymux) >= 4 && s.total_token_requests() == 20
+        })
+        .await
+        .unwrap();
+    fx.emu.open_gate(Endpoint::Proxymux);
+    let mut mounts = Vec::new();
+    for task in tasks {
+        mounts.push(task.await.unwrap());
+    }
+    for (sa, established) in &mounts {
+        let Identity::Workload {
+            service_account, ..
+        } = &established.identity
+        else {
+            panic!()
+        };
+        assert_eq!(service_account, sa);
+        let before = fx.emu.secrets_calls().len();
+        assert_eq!(
+            get_by_name(own(&fx), &fx, established)
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let call = &fx.emu.secrets_calls()[before];
+        assert_eq!(call.identity, Some(principal_of(&established.identity)));
+    }
+    let stats = fx.emu.stats();
+    assert_eq!(stats.total_proxymux_exchanges(), 20);
+    for i in 0..20 {
+        assert_eq!(stats.proxymux_exchanges(NS, &format!("sa-{i}")), 1);
+    }
+    assert!(stats.total_token_requests() <= 20);
+    eprintln!(
+        "measured: {} exchanges, {} token requests for 100 mounts of 20 identities",
+        stats.total_proxymux_exchanges(),
+        stats.total_token_requests()
+    );
+}
+
+#[tokio::test]
+async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session_key() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3 * 3600));
+    let mount = || with_token(request(PrincipalKind::Workload, SA), token.clone());
+    let t0 = fx.clock.now_for_test();
+    let established = fx.principals.establish(&mount()).await.unwrap();
+    let first = fx
+        .principals
+        .signing_key(&established.identity)
+        .await
+        .unwrap();
+    // The emulator's RPSTs live 1200 s: expiry at t0 + 1200.
+    fx.clock.set(t0 + Duration::from_secs(1200 - 301));
+    fx.principals.establish(&mount()).await.unwrap();
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+    fx.clock.set(t0 + Duration::from_secs(1200 - 299));
+    let again = fx.principals.establish(&mount()).await.unwrap();
+    assert_eq!(again.identity, established.identity);
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
+    let second = fx.principals.signing_key(&again.identity).await.unwrap();
+    assert_ne!(
+        first.key().public_key_pem(),
+        second.key().public_key_pem(),
+        "a new podKey"
+    );
+    assert_eq!(
+        get_by_name(own(&fx), &fx, &again).await.unwrap().status(),
+        200
+    );
+}
+
+trait NowForTest {
+    fn now_for_test(&self) -> SystemTime;
+}
+
+impl NowForTest for ManualClock {
+    fn now_for_test(&self) -> SystemTime {
+        oci_csi_auth::Clock::now(self)
+    }
+}
+
+#[tokio::test]
+async fn a_locally_invalid_service_account_token_makes_no_proxymux_call() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let good = sa_token(&fx, SA, Duration::from_secs(3600));
+    fx.principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), good))
+        .await
+        .unwrap();
+    let arrived = fx.emu.stats().arrived(Endpoint::Proxymux);
+    let expiring = sa_token(&fx, SA, Duration::from_secs(299));
+    let other_sa = sa_token(&fx, "sa-3", Duration::from_secs(3600));
+    for (token, reason) in [
+        ("not-a-jwt".to_owned(), "three parts"),
+        ("a.b.c".to_owned(), "base64url json"),
+        (expiring, "expires within five minutes"),
+        (other_sa, "another service account"),
+    ] {
+        let error = fx
+            .principals
+            .establish(&with_token(
+                request(PrincipalKind::Workload, SA),
+                token.clone(),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+        let message = error.to_string();
+        assert!(message.contains(reason), "{message}");
+        assert!(!message.contains(&token), "token echoed");
+    }
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Proxymux), arrived);
+}
+
+#[tokio::test]
+async fn expired_token_at_the_proxymux_is_unauthenticated() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    fx.emu.expire_all_tokens();
+    let error = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    assert!(
+        error.to_string().contains("the proxymux answered http 401"),
+        "{error}"
+    );
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    addr.to_string()
+}
+
+#[tokio::test]
+async fn proxymux_down_is_unavailable() {
+    let port = closed_port();
+    let fx = start(base_seed(), |c, _| {
+        c.proxymux = Some(format!("https://{port}"))
+    })
+    .await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let error = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(
+        error.to_string().contains("cannot reach the proxymux"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn missing_driver_token_without_token_requests_is_unauthenticated() {
+    let fx = start(base_seed(), |c, _| c.token_request = false).await;
+    let error = fx
+        .principals
+        .establish(&request(PrincipalKind::Workload, SA))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert_eq!(fx.emu.stats().total_token_requests(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// instance principal
+
+#[tokio::test]
+async fn instance_principal_end_to_end_with_the_region_from_instance_metadata() {
+    let fx = start(base_seed(), |c, _| c.region = None).await;
+    let established = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    assert_eq!(established.identity, Identity::Instance);
+    assert_eq!(
+        get_by_name(own(&fx), &fx, &established)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    // Process-wide and cached.
+    fx.principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    let stats = fx.emu.stats();
+    assert_eq!(stats.federations, 1);
+    assert!(matches!(
+        fx.emu.secrets_calls()[0].identity,
+        Some(Principal::Instance { .. })
+    ));
+}
+
+#[tokio::test]
+async fn instance_principal_retries_a_401_once_with_a_fresh_token() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let established = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    fx.emu.expire_all_tokens();
+    assert_eq!(
+        get_by_name(own(&fx), &fx, &established)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let stats = fx.emu.stats();
+    assert_eq!(stats.federations, 2);
+    assert_eq!(stats.responses(Endpoint::Secrets, 401), 1);
+}
+
+#[tokio::test]
+async fn instance_principal_with_wrong_key_is_unauthenticated() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let established = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    let error = auth_error(
+        get_by_name(wrong_key(&fx), &fx, &established)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert!(error.to_string().contains("instance principal"), "{error}");
+}
+
+#[tokio::test]
+async fn instance_metadata_down_is_unavailable() {
+    let port = closed_port();
+    let fx = start(base_seed(), |c, _| {
+        c.instance_metadata = format!("http://{port}/opc/v2");
+        c.region = None;
+    })
+    .await;
+    let error = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("instance metadata"), "{error}");
+}
