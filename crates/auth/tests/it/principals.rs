@@ -829,3 +829,19 @@ async fn instance_metadata_down_is_unavailable() {
     assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
     assert!(error.to_string().contains("instance metadata"), "{error}");
 }
+
+#[tokio::test]
+async fn token_request_forbidden_is_permission_denied() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    fx.emu.revoke(testkit::Revoke::ServiceAccount {
+        namespace: NS.into(),
+        name: SA.into(),
+    });
+    let error = fx
+        .principals
+        .establish(&request(PrincipalKind::Workload, SA))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::PermissionDenied, "{error}");
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Proxymux), 0);
+}
