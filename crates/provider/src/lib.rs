@@ -1,9 +1,9 @@
 //! The OCI Vault mount service for the Secrets Store CSI driver.
 //!
 //! `csi-grpc` hands this crate a typed [`csi_grpc::MountRequest`]; this crate reads the
-//! SecretProviderClass parameters of OCI ([`MountParameters`]), chooses the identity, and
-//! (once the auth and vault layers are wired) fetches each secret bundle and assembles the
-//! files and object versions. It is the only crate that knows both the CSI request and OCI.
+//! SecretProviderClass parameters of OCI ([`MountParameters`]), establishes the identity
+//! (`auth`), fetches the secret bundles concurrently (`vault`), and assembles the files and
+//! object versions. It is the only crate that knows both the CSI request and OCI.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod config;
@@ -12,4 +12,4 @@ mod service;
 
 pub use config::{DEFAULT_INSTANCE_METADATA, Endpoints, HttpsUrl, MetadataUrl};
 pub use params::{AuthSpec, MountParameters, ParamError, SecretSpec, Stage, VersionSelector};
-pub use service::OciMount;
+pub use service::{Authenticate, BoxFuture, MountConfig, OciMount};

@@ -18,52 +18,7 @@ const HANDLE_PREFIX: &str = "unable to handle SecretProviderClass secrets";
 const UNMARSHAL_PREFIX: &str = "unable to handle SecretProviderClass secrets: failed to unmarshal SecretProviderClass parameter \"secrets\"";
 const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
 
-/// A secret version stage (exact upper case, as OCI and the Go provider spell them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Stage {
-    /// `CURRENT`
-    Current,
-    /// `PENDING`
-    Pending,
-    /// `LATEST`
-    Latest,
-    /// `PREVIOUS`
-    Previous,
-    /// `DEPRECATED`
-    Deprecated,
-}
-
-impl Stage {
-    const ALL: [Stage; 5] = [
-        Stage::Current,
-        Stage::Pending,
-        Stage::Latest,
-        Stage::Previous,
-        Stage::Deprecated,
-    ];
-
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Current => "CURRENT",
-            Stage::Pending => "PENDING",
-            Stage::Latest => "LATEST",
-            Stage::Previous => "PREVIOUS",
-            Stage::Deprecated => "DEPRECATED",
-        }
-    }
-
-    /// Parses the exact wire spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|stage| stage.as_str() == s)
-    }
-}
-
-impl fmt::Display for Stage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use vault::Stage;
 
 /// Which version of a secret to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -346,7 +301,7 @@ fn check_secret(index: usize, item: &RawSecret) -> Result<SecretSpec, ParamError
     }
     let stage = match item.stage.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(Stage::parse(s).ok_or_else(|| {
+        Some(s) => Some(s.parse::<Stage>().map_err(|_| {
             ParamError(format!(
                 "{UNMARSHAL_PREFIX}: secrets[{index}].stage {s:?} is not one of CURRENT, PENDING, \
                  LATEST, PREVIOUS, DEPRECATED (upper case)"

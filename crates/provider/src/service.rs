@@ -1,50 +1,386 @@
-use std::future::{Ready, ready};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use csi_grpc::{MountError, MountRequest, MountResponse};
+use csi_grpc::{
+    ErrorKind, File, FileContents, MountError, MountRequest, MountResponse, ObjectVersion,
+};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::Semaphore;
+use tower::{Service, ServiceExt};
 
-use crate::params::MountParameters;
+use crate::params::{AuthSpec, MountParameters, SecretSpec, VersionSelector};
 
-/// The OCI mount service that `csi-grpc` calls.
-///
-/// Today it validates the SecretProviderClass parameters and the pod identity they need,
-/// and then answers `Unavailable`: the principals (crates/auth) and the Secrets API client
-/// (crates/vault) are not wired into it yet. It never pretends to have mounted anything.
-#[derive(Clone, Debug, Default)]
-pub struct OciMount {
-    _private: (),
+/// A boxed future, as the mount service returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Establishes the identity of a mount; `auth::Principals` in production.
+pub trait Authenticate: Send + Sync + fmt::Debug + 'static {
+    /// Validates the mount's credentials and readies the identity's signing key.
+    fn establish<'a>(
+        &'a self,
+        request: &'a auth::IdentityRequest,
+    ) -> BoxFuture<'a, Result<auth::Established, auth::AuthError>>;
 }
 
-impl OciMount {
-    /// A mount service.
-    pub fn new() -> Self {
-        Self::default()
+impl Authenticate for auth::Principals {
+    fn establish<'a>(
+        &'a self,
+        request: &'a auth::IdentityRequest,
+    ) -> BoxFuture<'a, Result<auth::Established, auth::AuthError>> {
+        Box::pin(auth::Principals::establish(self, request))
+    }
+}
+
+/// Bounds of one mount.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// Secrets of one mount fetched at once.
+    pub fan_out: usize,
+    /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
+    pub max_total_bytes: usize,
+    /// The audience of the service-account token used for workload identity (`""`: the
+    /// API server's default).
+    pub workload_audience: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        Self {
+            fan_out: 8,
+            max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
+            workload_audience: String::new(),
+        }
+    }
+}
+
+/// The OCI mount service that `csi-grpc` calls: parameters, identity, then the secrets
+/// fetched concurrently (bounded), all or nothing.
+pub struct OciMount<V> {
+    auth: Arc<dyn Authenticate>,
+    vault: V,
+    config: Arc<MountConfig>,
+}
+
+impl<V: Clone> Clone for OciMount<V> {
+    fn clone(&self) -> Self {
+        Self {
+            auth: self.auth.clone(),
+            vault: self.vault.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<V> fmt::Debug for OciMount<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OciMount")
+            .field("auth", &self.auth)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V> OciMount<V>
+where
+    V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    V::Future: Send + 'static,
+{
+    /// A mount service establishing identities with `auth` and fetching through `vault`.
+    pub fn new(auth: Arc<dyn Authenticate>, vault: V, config: MountConfig) -> Self {
+        Self {
+            auth,
+            vault,
+            config: Arc::new(config),
+        }
     }
 
-    fn mount(&self, request: &MountRequest) -> Result<MountResponse, MountError> {
+    async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
         let params = MountParameters::parse(&request.attributes, &request.pod)?;
-        tracing::debug!(
-            secrets = params.secrets.len(),
-            auth = ?params.auth,
-            "parameters are valid"
-        );
-        Err(MountError::unavailable(
-            "the SecretProviderClass is valid, but this build cannot fetch from OCI Vault yet: \
-             the auth principals and the Secrets API client are not wired into the provider",
-        ))
+        let identity_request = auth::IdentityRequest {
+            kind: match &params.auth {
+                AuthSpec::User { secret_name } => auth::PrincipalKind::User {
+                    secret_name: secret_name.clone(),
+                },
+                AuthSpec::Instance => auth::PrincipalKind::Instance,
+                AuthSpec::Workload => auth::PrincipalKind::Workload,
+            },
+            namespace: request.pod.namespace.clone(),
+            pod_name: request.pod.name.clone(),
+            pod_uid: request.pod.uid.clone(),
+            service_account: request.pod.service_account.clone(),
+            service_account_tokens: request
+                .service_account_tokens
+                .iter()
+                .map(|(audience, token)| (audience.to_owned(), token.token.clone()))
+                .collect(),
+            deadline: request.deadline,
+        };
+        let established = self
+            .auth
+            .establish(&identity_request)
+            .await
+            .map_err(auth_error)?;
+        let bundles = self
+            .fetch_all(&params, &established, request.deadline)
+            .await?;
+        assemble(
+            &params,
+            bundles,
+            request.file_mode,
+            self.config.max_total_bytes,
+        )
+    }
+
+    async fn fetch_all(
+        &self,
+        params: &MountParameters,
+        established: &auth::Established,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<vault::SecretBundle>, MountError> {
+        let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
+        let mut pending: FuturesUnordered<_> = params
+            .secrets
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let request = vault::SecretRequest {
+                    base_url: established.secrets_endpoint.clone(),
+                    identity: established.identity.clone(),
+                    secret: vault::SecretRef::ByName {
+                        vault_id: params.vault_id.clone(),
+                        name: spec.name.clone(),
+                    },
+                    selector: selector(spec),
+                    deadline,
+                };
+                let vault = self.vault.clone();
+                let permits = permits.clone();
+                async move {
+                    let _permit = permits.acquire_owned().await;
+                    (index, vault.oneshot(request).await)
+                }
+            })
+            .collect();
+        let mut bundles: Vec<Option<vault::SecretBundle>> =
+            (0..params.secrets.len()).map(|_| None).collect();
+        let mut failures: Vec<(usize, vault::VaultError)> = Vec::new();
+        while let Some((index, result)) = pending.next().await {
+            match result {
+                Ok(bundle) => bundles[index] = Some(bundle),
+                Err(err) => {
+                    let permanent = !err.is_retryable();
+                    failures.push((index, err));
+                    // A permanent failure fails the mount whatever the others give:
+                    // stop their retries now.
+                    if permanent {
+                        break;
+                    }
+                }
+            }
+        }
+        let abandoned = pending.len();
+        drop(pending);
+        if !failures.is_empty() {
+            return Err(combine(params, failures, abandoned, &established.identity));
+        }
+        bundles
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                MountError::internal("internal error: a secret was neither fetched nor failed")
+            })
     }
 }
 
-impl tower::Service<MountRequest> for OciMount {
+fn selector(spec: &SecretSpec) -> vault::Selector {
+    match spec.selector {
+        VersionSelector::Number(n) => vault::Selector::VersionNumber(n),
+        VersionSelector::Stage(stage) => vault::Selector::Stage(stage),
+    }
+}
+
+fn auth_error(err: auth::AuthError) -> MountError {
+    let kind = match err.kind() {
+        auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+        auth::ErrorKind::NotFound => ErrorKind::NotFound,
+        auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        auth::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
+        auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
+        auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+        // Kinds added to auth later are bugs until mapped here.
+        _ => ErrorKind::Internal,
+    };
+    MountError::new(
+        kind,
+        format!("unable to establish the OCI identity: {}", chain(&err)),
+    )
+}
+
+fn vault_kind(err: &vault::VaultError) -> ErrorKind {
+    match err.kind() {
+        vault::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+        vault::ErrorKind::NotFound => ErrorKind::NotFound,
+        vault::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        vault::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
+        vault::ErrorKind::ResourceExhausted => ErrorKind::ResourceExhausted,
+        vault::ErrorKind::Unavailable => ErrorKind::Unavailable,
+        vault::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+        vault::ErrorKind::Internal => ErrorKind::Internal,
+    }
+}
+
+/// Which code a mount with several failures answers: the one that most needs a person.
+const PRECEDENCE: [ErrorKind; 8] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::Unauthenticated,
+    ErrorKind::PermissionDenied,
+    ErrorKind::NotFound,
+    ErrorKind::ResourceExhausted,
+    ErrorKind::Unavailable,
+    ErrorKind::DeadlineExceeded,
+    ErrorKind::Internal,
+];
+
+fn rank(kind: ErrorKind) -> usize {
+    PRECEDENCE
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(PRECEDENCE.len())
+}
+
+/// An error and its causes on one line.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+fn combine(
+    params: &MountParameters,
+    mut failures: Vec<(usize, vault::VaultError)>,
+    abandoned: usize,
+    identity: &auth::Identity,
+) -> MountError {
+    failures.sort_by_key(|(index, _)| *index);
+    let kind = failures
+        .iter()
+        .map(|(_, e)| vault_kind(e))
+        .min_by_key(|k| rank(*k))
+        .unwrap_or(ErrorKind::Internal);
+    let causes: Vec<String> = failures
+        .iter()
+        .map(|(index, err)| {
+            format!(
+                "secrets[{index}] {:?}: {}",
+                params.secrets[*index].name,
+                chain(err)
+            )
+        })
+        .collect();
+    let mut message = format!(
+        "unable to retrieve secrets as {identity}: {} of {} failed: {}",
+        failures.len(),
+        params.secrets.len(),
+        causes.join("; ")
+    );
+    if abandoned > 0 {
+        message.push_str(&format!(
+            " ({abandoned} not fetched after a permanent failure)"
+        ));
+    }
+    MountError::new(kind, message)
+}
+
+fn assemble(
+    params: &MountParameters,
+    bundles: Vec<vault::SecretBundle>,
+    mode: csi_grpc::FileMode,
+    max_total_bytes: usize,
+) -> Result<MountResponse, MountError> {
+    let total: usize = bundles.iter().map(|b| b.content.len()).sum();
+    if total > max_total_bytes {
+        let mut sizes: Vec<String> = params
+            .secrets
+            .iter()
+            .zip(&bundles)
+            .map(|(spec, bundle)| format!("{} ({} bytes)", spec.path, bundle.content.len()))
+            .collect();
+        sizes.sort();
+        return Err(MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the secrets of this mount take {total} bytes, more than the {max_total_bytes} bytes the driver accepts in one response: {}",
+                sizes.join(", ")
+            ),
+        ));
+    }
+    let mut ids: BTreeMap<String, usize> = BTreeMap::new();
+    for bundle in &bundles {
+        *ids.entry(bundle.secret_id.clone()).or_default() += 1;
+    }
+    let mut object_versions = Vec::with_capacity(bundles.len());
+    let mut files = Vec::with_capacity(bundles.len());
+    for (spec, bundle) in params.secrets.iter().zip(bundles) {
+        // The driver keys versions by id; one OCID mounted twice (two versions, two
+        // files) would collapse, so such ids carry the file path.
+        let id = if ids.get(&bundle.secret_id).copied().unwrap_or(0) > 1 {
+            format!("{}/{}", bundle.secret_id, spec.path)
+        } else {
+            bundle.secret_id.clone()
+        };
+        object_versions.push(ObjectVersion {
+            id,
+            version: bundle.version_number.to_string(),
+        });
+        // The bytes move from the bundle's zeroizing buffer into the file's; no copy.
+        let mut content = bundle.content.into_inner();
+        files.push(File {
+            path: spec.path.clone(),
+            mode,
+            contents: FileContents::new(std::mem::take(&mut *content)),
+        });
+    }
+    Ok(MountResponse {
+        files,
+        object_versions,
+    })
+}
+
+impl<V> Service<MountRequest> for OciMount<V>
+where
+    V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    V::Future: Send + 'static,
+{
     type Response = MountResponse;
     type Error = MountError;
-    type Future = Ready<Result<MountResponse, MountError>>;
+    type Future = BoxFuture<'static, Result<MountResponse, MountError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), MountError>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: MountRequest) -> Self::Future {
-        ready(self.mount(&request))
+        Box::pin(self.clone().mount(request))
     }
 }

@@ -1,4 +1,9 @@
-//! Parameter validation of the OCI mount service.
+//! The OCI mount service: parameter validation, and fetching with fake identity and vault
+//! services (the emulator-backed end-to-end tests live in the binary's crate).
+// Test helpers are shared between modules of this one test binary; they are not an API.
+#![allow(unreachable_pub, missing_debug_implementations)]
 
+mod fakes;
+mod fanout;
 mod params;
 mod proptests;

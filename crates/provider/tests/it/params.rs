@@ -307,34 +307,3 @@ fn identities_that_need_the_pod_say_so() {
         "{err}"
     );
 }
-
-#[test]
-fn a_valid_mount_answers_unavailable_until_fetching_is_wired() {
-    use tower::ServiceExt;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let request = csi_grpc::MountRequest::from_proto(
-        csi_grpc::proto::MountRequest {
-            attributes: serde_json::to_string(&attrs(
-                "- name: a\n",
-                &[
-                    ("csi.storage.k8s.io/pod.namespace", "app"),
-                    ("csi.storage.k8s.io/serviceAccount.name", "web"),
-                ],
-            ))
-            .unwrap(),
-            secrets: "{}".into(),
-            target_path: String::new(),
-            permission: "420".into(),
-            current_object_version: vec![],
-        },
-        tokio::time::Instant::now(),
-    )
-    .unwrap();
-    let err = rt
-        .block_on(oci_csi_provider::OciMount::new().oneshot(request))
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable);
-    assert!(err.message().contains("not wired"), "{err}");
-}

@@ -1,0 +1,273 @@
+//! Fetching: fan-out, all or nothing, error precedence, cancellation, assembly.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use csi_grpc::{ErrorKind, MountRequest, MountResponse};
+use oci_csi_provider::{MountConfig, OciMount};
+use serde_json::json;
+use tower::ServiceExt;
+
+use crate::fakes::{Auth, Behaviour, Vault, mount_service};
+
+fn request(secrets: &str) -> MountRequest {
+    let attributes = json!({
+        "secrets": secrets,
+        "vaultId": "ocid1.vault.oc1..v",
+        "authType": "workload",
+        "csi.storage.k8s.io/pod.name": "web-0",
+        "csi.storage.k8s.io/pod.namespace": "app",
+        "csi.storage.k8s.io/pod.uid": "uid",
+        "csi.storage.k8s.io/serviceAccount.name": "web",
+    });
+    MountRequest::from_proto(
+        csi_grpc::proto::MountRequest {
+            attributes: attributes.to_string(),
+            secrets: "{}".into(),
+            target_path: String::new(),
+            permission: "292".into(),
+            current_object_version: vec![],
+        },
+        tokio::time::Instant::now() + std::time::Duration::from_secs(30),
+    )
+    .unwrap()
+}
+
+async fn mount(
+    service: OciMount<Vault>,
+    secrets: &str,
+) -> Result<MountResponse, csi_grpc::MountError> {
+    service.oneshot(request(secrets)).await
+}
+
+#[tokio::test]
+async fn files_and_versions_follow_the_request_order() {
+    let vault = Vault::default();
+    let response = mount(
+        mount_service(vault.clone()),
+        "- name: a\n- name: b\n  fileName: dir/b.txt\n- name: c\n  versionNumber: 4\n",
+    )
+    .await
+    .unwrap();
+    let files: Vec<_> = response
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.contents.as_bytes(), f.mode.get()))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("a", &b"a"[..], 292),
+            ("dir/b.txt", &b"b"[..], 292),
+            ("c", &b"c"[..], 292)
+        ]
+    );
+    let ids: Vec<_> = response
+        .object_versions
+        .iter()
+        .map(|v| (v.id.as_str(), v.version.as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            ("ocid1.vaultsecret.oc1..a", "1"),
+            ("ocid1.vaultsecret.oc1..b", "1"),
+            ("ocid1.vaultsecret.oc1..c", "1")
+        ]
+    );
+    let requests = vault.requests.lock().unwrap();
+    assert_eq!(requests.len(), 3);
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.base_url == "https://secrets.example")
+    );
+    let selectors: Vec<_> = requests
+        .iter()
+        .map(|r| format!("{:?}", r.selector))
+        .collect();
+    assert!(
+        selectors.contains(&"VersionNumber(4)".to_owned()),
+        "{selectors:?}"
+    );
+}
+
+#[tokio::test]
+async fn one_secret_mounted_twice_gets_distinct_version_ids() {
+    let vault = Vault::default().with(
+        "db",
+        Behaviour::Bundle {
+            content: b"x".to_vec(),
+            secret_id: "ocid1.vaultsecret.oc1..db".into(),
+            version: 2,
+        },
+    );
+    let response = mount(
+        mount_service(vault),
+        "- name: db\n- name: db\n  fileName: db.previous\n",
+    )
+    .await
+    .unwrap();
+    let ids: Vec<_> = response
+        .object_versions
+        .iter()
+        .map(|v| v.id.clone())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            "ocid1.vaultsecret.oc1..db/db",
+            "ocid1.vaultsecret.oc1..db/db.previous"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn fetches_run_concurrently_up_to_the_fan_out() {
+    let vault = Vault::default();
+    let service = OciMount::new(
+        Arc::new(Auth::default()),
+        vault.clone(),
+        MountConfig {
+            fan_out: 3,
+            ..MountConfig::default()
+        },
+    );
+    let secrets: String = (0..12).map(|i| format!("- name: s{i}\n")).collect();
+    let response = mount(service, &secrets).await.unwrap();
+    assert_eq!(response.files.len(), 12);
+    assert_eq!(vault.max_in_flight.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn several_failures_are_all_named_and_the_code_follows_the_precedence() {
+    // Transient failures are collected while the others go on; a permanent one (here always
+    // the late "b") ends the mount. The code is the most actionable of those collected.
+    let late = |status| Behaviour::Late(Box::new(Behaviour::Status(status)));
+    let cases = [
+        (Behaviour::Status(503), late(404), ErrorKind::NotFound),
+        (
+            Behaviour::Status(429),
+            late(401),
+            ErrorKind::Unauthenticated,
+        ),
+        (
+            Behaviour::Status(503),
+            late(403),
+            ErrorKind::PermissionDenied,
+        ),
+        (
+            Behaviour::Status(503),
+            late(400),
+            ErrorKind::InvalidArgument,
+        ),
+        (
+            Behaviour::Status(429),
+            Behaviour::Status(503),
+            ErrorKind::ResourceExhausted,
+        ),
+        (
+            Behaviour::Status(503),
+            Behaviour::Status(503),
+            ErrorKind::Unavailable,
+        ),
+    ];
+    for (a, b, expected) in cases {
+        let vault = Vault::default().with("a", a.clone()).with("b", b.clone());
+        let err = mount(mount_service(vault), "- name: a\n- name: b\n- name: ok\n")
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), expected, "{a:?} {b:?}: {err}");
+        assert!(err.message().contains("2 of 3 failed"), "{err}");
+        assert!(err.message().contains("secrets[0] \"a\""), "{err}");
+        assert!(err.message().contains("secrets[1] \"b\""), "{err}");
+        assert!(
+            err.message()
+                .contains("workload identity of service account app/web"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_permanent_failure_cancels_the_other_fetches() {
+    let vault = Vault::default()
+        .with("slow", Behaviour::Hang)
+        .with("missing", Behaviour::Status(404));
+    let err = mount(
+        mount_service(vault.clone()),
+        "- name: slow\n- name: missing\n",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(
+        err.message()
+            .contains("1 not fetched after a permanent failure"),
+        "{err}"
+    );
+    assert_eq!(
+        vault.in_flight.load(Ordering::SeqCst),
+        0,
+        "the hanging fetch was dropped"
+    );
+    assert_eq!(vault.dropped_unfinished.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_mount_larger_than_the_driver_accepts_is_resource_exhausted() {
+    let big = vec![b'x'; 2048];
+    let vault = Vault::default().with(
+        "big",
+        Behaviour::Bundle {
+            content: big,
+            secret_id: "ocid1.vaultsecret.oc1..big".into(),
+            version: 1,
+        },
+    );
+    let service = OciMount::new(
+        Arc::new(Auth::default()),
+        vault,
+        MountConfig {
+            max_total_bytes: 1024,
+            ..MountConfig::default()
+        },
+    );
+    let err = mount(service, "- name: big\n- name: small\n")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    assert!(err.message().contains("big (2048 bytes)"), "{err}");
+}
+
+#[tokio::test]
+async fn error_messages_never_contain_secret_bytes() {
+    let vault = Vault::default()
+        .with(
+            "a",
+            Behaviour::Bundle {
+                content: b"TOP-SECRET-BYTES".to_vec(),
+                secret_id: "ocid1..a".into(),
+                version: 1,
+            },
+        )
+        .with("b", Behaviour::Status(404));
+    let err = mount(mount_service(vault), "- name: a\n- name: b\n")
+        .await
+        .unwrap_err();
+    assert!(!err.message().contains("TOP-SECRET-BYTES"));
+    let ok = mount(
+        mount_service(Vault::default().with(
+            "a",
+            Behaviour::Bundle {
+                content: b"TOP-SECRET-BYTES".to_vec(),
+                secret_id: "ocid1..a".into(),
+                version: 1,
+            },
+        )),
+        "- name: a\n",
+    )
+    .await
+    .unwrap();
+    assert!(!format!("{ok:?}").contains("TOP-SECRET-BYTES"));
+}
