@@ -277,8 +277,14 @@ impl Config {
             ));
         }
         for (key, value) in [
-            ("upstream.max_connections_per_host", self.upstream.max_connections_per_host),
-            ("upstream.max_idle_per_host", self.upstream.max_idle_per_host),
+            (
+                "upstream.max_connections_per_host",
+                self.upstream.max_connections_per_host,
+            ),
+            (
+                "upstream.max_idle_per_host",
+                self.upstream.max_idle_per_host,
+            ),
             ("upstream.fan_out", self.upstream.fan_out),
             ("upstream.max_attempts", self.upstream.max_attempts as usize),
         ] {

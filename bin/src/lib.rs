@@ -6,6 +6,7 @@ mod flags;
 mod health;
 mod metrics;
 mod telemetry;
+mod wiring;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -54,7 +55,7 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, shutdown_signal())) {
+    match runtime.block_on(run(config, env, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "provider stopped");
@@ -84,8 +85,12 @@ async fn shutdown_signal() {
 }
 
 /// Serves until `shutdown` completes.
+///
+/// `env` is the process environment (proxy variables, `HOME`); everything else comes from
+/// `config`.
 pub async fn run(
     config: Config,
+    env: BTreeMap<String, String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     if config.server.enable_pprof {
@@ -95,7 +100,11 @@ pub async fn run(
         );
     }
     let ready = Arc::new(AtomicBool::new(false));
-    let metrics = Arc::new(metrics::Metrics::new(env!("CARGO_PKG_VERSION")));
+    let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock))?;
+    let metrics = Arc::new(metrics::Metrics::new(
+        env!("CARGO_PKG_VERSION"),
+        stack.transport.clone(),
+    ));
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
     let health = health::bind(health_addr).await.with_context(|| {
@@ -135,8 +144,7 @@ pub async fn run(
         runtime_name: RUNTIME_NAME.to_owned(),
         runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
-    let provider =
-        csi_grpc::CsiProvider::new(provider::OciMount::new(), info, limits).with_observer(metrics);
+    let provider = csi_grpc::CsiProvider::new(stack.mount, info, limits).with_observer(metrics);
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
     ready.store(true, Ordering::SeqCst);
 

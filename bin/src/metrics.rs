@@ -17,6 +17,11 @@ struct CodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabel {
+    host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -28,10 +33,14 @@ pub(crate) struct Metrics {
     mounts: Family<CodeLabel, Counter>,
     duration: Histogram,
     in_flight: Gauge,
+    transport: transport::Transport,
+    open: Family<HostLabel, Gauge>,
+    opened: Family<HostLabel, Gauge>,
+    requests: Family<HostLabel, Gauge>,
 }
 
 impl Metrics {
-    pub(crate) fn new(version: &'static str) -> Self {
+    pub(crate) fn new(version: &'static str, transport: transport::Transport) -> Self {
         let mut registry = Registry::with_prefix("oci_provider");
         let mounts = Family::<CodeLabel, Counter>::default();
         registry.register("mounts", "Mounts answered, by gRPC outcome", mounts.clone());
@@ -48,16 +57,50 @@ impl Metrics {
         let build = Family::<VersionLabel, Gauge>::default();
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
+        // Read from the transport's counters at scrape time (monotonic counts exposed as
+        // gauges holding the current total, since prometheus-client counters only go up by
+        // increments).
+        let open = Family::<HostLabel, Gauge>::default();
+        registry.register(
+            "upstream_connections_open",
+            "Upstream connections open now, per host",
+            open.clone(),
+        );
+        let opened = Family::<HostLabel, Gauge>::default();
+        registry.register(
+            "upstream_connections_opened_total",
+            "Upstream connections opened since start, per host",
+            opened.clone(),
+        );
+        let requests = Family::<HostLabel, Gauge>::default();
+        registry.register(
+            "upstream_requests_total",
+            "Upstream requests sent since start, per host (each attempt)",
+            requests.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             mounts,
             duration,
             in_flight,
+            transport,
+            open,
+            opened,
+            requests,
         }
     }
 
     /// The text exposition format.
     pub(crate) fn encode(&self) -> String {
+        for (host, stats) in self.transport.stats() {
+            let label = HostLabel { host };
+            let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            self.open.get_or_create(&label).set(clamp(stats.open));
+            self.opened.get_or_create(&label).set(clamp(stats.opened));
+            self.requests
+                .get_or_create(&label)
+                .set(clamp(stats.requests));
+        }
         let mut out = String::new();
         let registry = self
             .registry

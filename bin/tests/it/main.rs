@@ -79,7 +79,13 @@ async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
         .mount(mount_request(valid_workload_attributes(json!({}))))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    // No region and no endpoints configured: the identity cannot be established, and the
+    // status says why.
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("no region is configured"),
+        "{status:?}"
+    );
 
     for path in ["/health", "/healthz", "/readyz"] {
         let (code, _) = http_get(provider.healthz_port, path).await;
@@ -90,11 +96,7 @@ async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
     let (code, body) = http_get(provider.metrics_port, "/metrics").await;
     assert_eq!(code, 200);
     assert!(
-        body.contains("oci_provider_mounts_total{code=\"invalid_argument\"} 1"),
-        "{body}"
-    );
-    assert!(
-        body.contains("oci_provider_mounts_total{code=\"unavailable\"} 1"),
+        body.contains("oci_provider_mounts_total{code=\"invalid_argument\"} 2"),
         "{body}"
     );
 
@@ -127,14 +129,12 @@ async fn sigterm_lets_in_flight_mounts_answer_exits_zero_and_removes_the_socket(
         // Each mount either got its answer before the listener closed, or was refused a
         // connection: none is cut off half-way.
         match mount.await.unwrap() {
-            Err(status)
-                if status.code() == Code::Unavailable && status.message().contains("not wired") => {
-            }
+            Err(status) if status.message().contains("no region is configured") => {}
             Err(status) => assert!(
                 status.message().contains("connect") || status.message().contains("transport"),
                 "{status:?}"
             ),
-            Ok(response) => panic!("no mount can succeed yet: {response:?}"),
+            Ok(response) => panic!("no mount can succeed without endpoints: {response:?}"),
         }
     }
     assert!(output.status.success(), "{output:?}");

@@ -64,6 +64,8 @@ struct Named<T> {
 #[serde(default)]
 struct Cluster {
     server: String,
+    #[serde(rename = "certificate-authority")]
+    certificate_authority: Option<PathBuf>,
 }
 
 #[derive(Default, Deserialize)]
@@ -100,31 +102,17 @@ impl KubeApi {
         kubeconfig: Option<&Path>,
         token_file: &Path,
     ) -> Result<Option<Self>, AuthError> {
-        let mut base = api.map(str::to_owned);
         let mut bearer = Bearer::File(token_file.to_owned());
         if let Some(path) = kubeconfig {
-            let (server, user) = read_kubeconfig(path)?;
-            base = base.or(Some(server));
+            let (_, _, user) = read_kubeconfig(path)?;
             if let Some(token) = user.token.filter(|t| !t.is_empty()) {
                 bearer = Bearer::Inline(SecretString::from(token));
             } else if let Some(file) = user.token_file {
                 bearer = Bearer::File(file);
             }
         }
-        if base.is_none() {
-            base = service_host.filter(|h| !h.is_empty()).map(|host| {
-                format!(
-                    "https://{}:{}",
-                    crate::remote::url_host(host),
-                    service_port.unwrap_or(443)
-                )
-            });
-        }
-        Ok(base.map(|base| Self {
-            http,
-            base: base.trim_end_matches('/').to_owned(),
-            bearer,
-        }))
+        let target = target(api, service_host, service_port, kubeconfig)?;
+        Ok(target.map(|(base, _)| Self { http, base, bearer }))
     }
 
     fn bearer(&self) -> Result<HeaderValue, AuthError> {
@@ -298,7 +286,34 @@ impl KubeApi {
     }
 }
 
-fn read_kubeconfig(path: &Path) -> Result<(String, User), AuthError> {
+/// The API base URL (explicit, else the kubeconfig's server, else the in-cluster service
+/// host and port) and the kubeconfig's CA file, if any.
+pub(crate) fn target(
+    api: Option<&str>,
+    service_host: Option<&str>,
+    service_port: Option<u16>,
+    kubeconfig: Option<&Path>,
+) -> Result<Option<(String, Option<PathBuf>)>, AuthError> {
+    let mut base = api.map(str::to_owned);
+    let mut ca = None;
+    if let Some(path) = kubeconfig {
+        let (server, certificate_authority, _) = read_kubeconfig(path)?;
+        base = base.or(Some(server));
+        ca = certificate_authority;
+    }
+    if base.is_none() {
+        base = service_host.filter(|h| !h.is_empty()).map(|host| {
+            format!(
+                "https://{}:{}",
+                crate::remote::url_host(host),
+                service_port.unwrap_or(443)
+            )
+        });
+    }
+    Ok(base.map(|base| (base.trim_end_matches('/').to_owned(), ca)))
+}
+
+fn read_kubeconfig(path: &Path) -> Result<(String, Option<PathBuf>, User), AuthError> {
     let invalid =
         |reason: String| AuthError::Config(format!("kubeconfig {}: {reason}", path.display()));
     let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?);
@@ -325,5 +340,5 @@ fn read_kubeconfig(path: &Path) -> Result<(String, User), AuthError> {
     if cluster.server.is_empty() {
         return Err(invalid("the cluster has no server".into()));
     }
-    Ok((cluster.server, user))
+    Ok((cluster.server, cluster.certificate_authority, user))
 }

@@ -43,9 +43,6 @@ pub struct MountConfig {
     pub fan_out: usize,
     /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
     pub max_total_bytes: usize,
-    /// The audience of the service-account token used for workload identity (`""`: the
-    /// API server's default).
-    pub workload_audience: String,
 }
 
 impl Default for MountConfig {
@@ -53,7 +50,6 @@ impl Default for MountConfig {
         Self {
             fan_out: 8,
             max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
-            workload_audience: String::new(),
         }
     }
 }

@@ -23,7 +23,8 @@ use crate::stats::{OpenGuard, Stats};
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// `host:port` of a URI, with the scheme's default port; `None` without scheme or host.
-pub(crate) fn authority_of(uri: &Uri) -> Option<String> {
+/// This is the key of every per-host bound, counter and trust decision.
+pub fn authority_of(uri: &Uri) -> Option<String> {
     let host = uri.host()?;
     let port = uri.port_u16().or(match uri.scheme_str()? {
         "https" => Some(443),

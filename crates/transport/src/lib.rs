@@ -31,5 +31,6 @@ mod tls;
 
 pub use client::{Deadline, HttpService, Transport, TransportBuildError};
 pub use config::{Proxy, TransportConfig};
+pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
 pub use stats::HostStats;

@@ -105,6 +105,36 @@ impl Default for PrincipalsConfig {
     }
 }
 
+impl PrincipalsConfig {
+    /// The proxymux base URL: configured, else `https://<KUBERNETES_SERVICE_HOST>:12250`
+    /// (an IPv6 host bracketed); `None` when neither is known.
+    pub fn proxymux_url(&self) -> Option<String> {
+        if let Some(url) = &self.proxymux {
+            return Some(url.trim_end_matches('/').to_owned());
+        }
+        let host = self
+            .kubernetes_service_host
+            .as_deref()
+            .filter(|h| !h.is_empty())?;
+        Some(format!(
+            "https://{}:{PROXYMUX_PORT}",
+            crate::remote::url_host(host)
+        ))
+    }
+
+    /// The Kubernetes API base URL and, when an explicit kubeconfig names one, its
+    /// `certificate-authority` file; `None` when no API is configured. The binary gives the
+    /// transport this trust for the API's authority.
+    pub fn kubernetes_target(&self) -> Result<Option<(String, Option<PathBuf>)>, AuthError> {
+        crate::kube::target(
+            self.kubernetes_api.as_deref(),
+            self.kubernetes_service_host.as_deref(),
+            self.kubernetes_service_port,
+            self.kubeconfig.as_deref(),
+        )
+    }
+}
+
 /// Which principal a mount uses (`authType`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PrincipalKind {

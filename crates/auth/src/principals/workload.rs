@@ -11,9 +11,9 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use super::{IdentityRequest, Inner, PROXYMUX_PORT, fresh, session_key};
+use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
-use crate::remote::{build, error_detail, request_id, send, url_host};
+use crate::remote::{build, error_detail, request_id, send};
 use crate::signing::{KeyId, SigningKey};
 use crate::{Identity, jwt};
 
@@ -247,20 +247,11 @@ async fn request_token(
 }
 
 fn proxymux_url(inner: &Inner) -> Result<String, AuthError> {
-    if let Some(url) = &inner.config.proxymux {
-        return Ok(url.trim_end_matches('/').to_owned());
-    }
-    let host = inner
-        .config
-        .kubernetes_service_host
-        .as_deref()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| {
-            AuthError::Config(
-                "workload identity needs the proxymux url or KUBERNETES_SERVICE_HOST".into(),
-            )
-        })?;
-    Ok(format!("https://{}:{PROXYMUX_PORT}", url_host(host)))
+    inner.config.proxymux_url().ok_or_else(|| {
+        AuthError::Config(
+            "workload identity needs the proxymux url or KUBERNETES_SERVICE_HOST".into(),
+        )
+    })
 }
 
 /// One proxymux exchange (spec 3.3, 3.4) with a fresh session key.

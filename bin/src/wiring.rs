@@ -1,0 +1,124 @@
+//! Builds the stack of one process: transport -> signing (principals) -> vault -> provider.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use auth::{Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
+use provider::{MountConfig, OciMount};
+use tower::Layer as _;
+use transport::{HttpService, Proxy, Transport, TransportConfig};
+use vault::{RetryPolicy, VaultClient};
+
+use crate::config::Config;
+
+/// The mount service the gRPC server calls.
+pub(crate) type Mount = OciMount<VaultClient<Signing<HttpService>>>;
+
+/// Everything a running provider holds.
+pub(crate) struct Stack {
+    pub(crate) transport: Transport,
+    pub(crate) mount: Mount,
+}
+
+fn authority(url: &str, key: &str) -> anyhow::Result<String> {
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("{key} {url:?} is not a URL"))?;
+    transport::authority_of(&uri).with_context(|| format!("{key} {url:?} has no host"))
+}
+
+pub(crate) fn principals_config(
+    config: &Config,
+    env: &BTreeMap<String, String>,
+) -> PrincipalsConfig {
+    let e = &config.endpoints;
+    // The SDK reads ~/.oci/regions-config.json for regions it does not know; so do we, but
+    // only from the HOME we were given.
+    let regions_config_file = env
+        .get("HOME")
+        .map(|home| std::path::Path::new(home).join(".oci/regions-config.json"))
+        .filter(|path| path.is_file());
+    PrincipalsConfig {
+        region: config.region.clone(),
+        region_metadata: e.region_metadata.clone(),
+        regions_config_file,
+        default_realm: e.default_realm.clone(),
+        secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
+        federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
+        instance_metadata: e.instance_metadata.as_str().to_owned(),
+        proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
+        kubernetes_api: e.kubernetes_api.as_ref().map(|u| u.as_str().to_owned()),
+        kubernetes_service_host: e.kubernetes_service_host.clone(),
+        kubernetes_service_port: e.kubernetes_service_port,
+        kubeconfig: e.kubeconfig.clone(),
+        service_account_token_file: e.service_account_token_file.clone(),
+        user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
+        workload_audience: config.auth.workload_audience.clone(),
+        token_request: config.auth.token_request,
+        ..PrincipalsConfig::default()
+    }
+}
+
+/// Builds the one transport with trust per destination, and the stack above it.
+pub(crate) fn build(
+    config: &Config,
+    env: &BTreeMap<String, String>,
+    clock: SharedClock,
+) -> anyhow::Result<Stack> {
+    let e = &config.endpoints;
+    let u = &config.upstream;
+    let principals_config = principals_config(config, env);
+    let proxy = Proxy::from_env(|k| env.get(k).cloned())
+        .map_err(|e| anyhow::anyhow!("invalid proxy settings: {e}"))?;
+    let mut transport_config = TransportConfig {
+        max_connections_per_host: u.max_connections_per_host,
+        max_idle_per_host: u.max_idle_per_host,
+        idle_timeout: Duration::from_secs(u.idle_timeout_seconds),
+        connect_timeout: Duration::from_secs(u.connect_timeout_seconds),
+        request_timeout: Duration::from_secs(u.request_timeout_seconds),
+        max_response_bytes: u.max_response_bytes,
+        ssl_cert_file: e.ssl_cert_file.clone(),
+        oci_ca_files: e.oci_ca_files.clone(),
+        proxy,
+        ..TransportConfig::default()
+    };
+    if let Some(url) = principals_config.proxymux_url() {
+        transport_config = transport_config.trust_only(
+            authority(&url, "endpoints.proxymux")?,
+            e.proxymux_ca_file.clone(),
+        );
+    }
+    if let Some((url, kubeconfig_ca)) = principals_config
+        .kubernetes_target()
+        .context("cannot read the kubeconfig")?
+    {
+        let ca = kubeconfig_ca.unwrap_or_else(|| e.kubernetes_ca_file.clone());
+        transport_config =
+            transport_config.trust_only(authority(&url, "endpoints.kubernetes_api")?, ca);
+    }
+    let metadata = e.instance_metadata.as_str();
+    if metadata.starts_with("http://") {
+        transport_config =
+            transport_config.allow_plain_http(authority(metadata, "endpoints.instance_metadata")?);
+    }
+    let transport = Transport::new(transport_config)?;
+    let principals = Principals::new(principals_config, transport.service(), clock.clone())
+        .context("cannot set up the OCI principals")?;
+    let signing = SigningLayer::new(Arc::new(principals.clone()), clock).layer(transport.service());
+    let retry = RetryPolicy {
+        max_attempts: u.max_attempts,
+        ..RetryPolicy::default()
+    };
+    let vault = VaultClient::new(signing, retry);
+    let mount = OciMount::new(
+        Arc::new(principals),
+        vault,
+        MountConfig {
+            fan_out: u.fan_out,
+            ..MountConfig::default()
+        },
+    );
+    Ok(Stack { transport, mount })
+}
