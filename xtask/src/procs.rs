@@ -173,10 +173,13 @@ impl Provider {
     }
 }
 
-/// Sums the samples of a Prometheus metric whose line starts with `prefix`.
-pub(crate) fn metric_sum(text: &str, prefix: &str) -> f64 {
+/// Sums the samples of the Prometheus metric `name` (all label sets).
+pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with(prefix))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
