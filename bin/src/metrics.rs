@@ -37,6 +37,7 @@ pub(crate) struct Metrics {
     open: Family<HostLabel, Gauge>,
     opened: Family<HostLabel, Gauge>,
     requests: Family<HostLabel, Gauge>,
+    alive_tasks: Gauge,
 }
 
 impl Metrics {
@@ -78,7 +79,14 @@ impl Metrics {
             "Upstream requests sent since start, per host (each attempt)",
             requests.clone(),
         );
+        let alive_tasks = Gauge::default();
+        registry.register(
+            "runtime_alive_tasks",
+            "Tasks alive in the async runtime (leak detector: returns to its baseline when idle)",
+            alive_tasks.clone(),
+        );
         Self {
+            alive_tasks,
             registry: Mutex::new(registry),
             mounts,
             duration,
@@ -100,6 +108,11 @@ impl Metrics {
             self.requests
                 .get_or_create(&label)
                 .set(clamp(stats.requests));
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let alive = handle.metrics().num_alive_tasks();
+            self.alive_tasks
+                .set(i64::try_from(alive).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         let registry = self

@@ -136,6 +136,11 @@ impl Provider {
         }
     }
 
+    /// The text of /metrics.
+    pub async fn metrics(&self) -> String {
+        http_get(self.metrics_port, "/metrics").await.1
+    }
+
     pub async fn client(&self) -> Client {
         connect_unix(&self.socket).await.unwrap()
     }

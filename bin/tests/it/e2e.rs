@@ -1,0 +1,547 @@
+//! The real binary against the emulator (in this process, on its own runtime thread), over
+//! real TLS with signatures verified, emulator listeners in HTTP/1.1-only mode so that
+//! connection bounds cannot hide behind HTTP/2 multiplexing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_grpc::proto::MountRequest;
+use serde_json::json;
+use testkit::{Emulator, Endpoint, Fault, Principal, SecretSeed, Seed, SystemClock};
+use tonic::Code;
+
+use crate::process::{Output, Provider};
+
+const NAMESPACE: &str = "storm";
+const VAULT: &str = "ocid1.vault.oc1.iad.e2e";
+const TENANCY: &str = "ocid1.tenancy.oc1..e2etenancy";
+const USER: &str = "ocid1.user.oc1..e2euser";
+const SECRET_BYTES: &str = "S3CR3T-CONTENT-never-logged";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn auth_data(file: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/auth/tests/data")
+        .join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn seed(identities: usize) -> Seed {
+    let mut seed = Seed::default().vault(VAULT);
+    seed.instance.tenancy = TENANCY.into();
+    let public_key = auth_data("rsa-public.pem");
+    seed = seed.user(testkit::UserSeed {
+        tenancy: TENANCY.into(),
+        user: USER.into(),
+        public_key_pem: public_key.clone(),
+    });
+    let mut db = SecretSeed::new("ocid1.vaultsecret.oc1.iad.db", VAULT, "db-password")
+        .version(1, "old-password", &["PREVIOUS"])
+        .version(2, SECRET_BYTES, &["CURRENT", "LATEST"])
+        .allow_user(USER)
+        .allow_instance_tenancy(TENANCY);
+    let mut key = SecretSeed::new("ocid1.vaultsecret.oc1.iad.key", VAULT, "tls-key")
+        .version(1, vec![0u8, 159, 146, 150, 255], &["CURRENT"])
+        .allow_user(USER)
+        .allow_instance_tenancy(TENANCY);
+    for i in 0..identities {
+        let sa = format!("sa-{i}");
+        seed = seed.service_account(NAMESPACE, &sa);
+        db = db.allow_workload(NAMESPACE, &sa);
+        key = key.allow_workload(NAMESPACE, &sa);
+    }
+    // The user principal's configuration, as `kubectl create secret generic` would store it.
+    let fingerprint = {
+        let pem = public_key
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect::<String>();
+        use base64::Engine as _;
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(pem)
+            .unwrap();
+        testkit::api_key_fingerprint(&der)
+    };
+    let config = format!(
+        "auth:\n  region: us-ashburn-1\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fingerprint}\n"
+    );
+    seed.secret(db).secret(key).kube_secret(
+        testkit::KubeSecretSeed::new(NAMESPACE, "oci-config")
+            .data("config", config)
+            .data("private-key", auth_data("rsa-pkcs1.pem")),
+    )
+}
+
+async fn emulator(identities: usize) -> Emulator {
+    let emu = Emulator::start(seed(identities), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    for endpoint in [
+        Endpoint::Secrets,
+        Endpoint::Auth,
+        Endpoint::Proxymux,
+        Endpoint::Kube,
+    ] {
+        emu.set_http1_only(endpoint, true);
+    }
+    emu
+}
+
+async fn provider(emu: &Emulator, args: &[&str], vars: &[(&str, &str)]) -> Provider {
+    let config = emu.files().provider_config.to_str().unwrap().to_owned();
+    let mut all = vec!["--config", config.as_str()];
+    all.extend_from_slice(args);
+    let mut env = vec![("OCI_PROVIDER_UPSTREAM__MAX_CONNECTIONS_PER_HOST", "4")];
+    env.extend_from_slice(vars);
+    Provider::start(&all, &env).await
+}
+
+fn request(auth_type: &str, service_account: &str, pod: usize, secrets: &str) -> MountRequest {
+    let mut attributes = json!({
+        "secrets": secrets,
+        "vaultId": VAULT,
+        "authType": auth_type,
+        "secretProviderClass": "e2e",
+        "csi.storage.k8s.io/pod.name": format!("pod-{pod}"),
+        "csi.storage.k8s.io/pod.namespace": NAMESPACE,
+        "csi.storage.k8s.io/pod.uid": format!("00000000-0000-0000-0000-{pod:012}"),
+        "csi.storage.k8s.io/serviceAccount.name": service_account,
+    });
+    if auth_type == "user" {
+        attributes["authSecretName"] = json!("oci-config");
+    }
+    MountRequest {
+        attributes: attributes.to_string(),
+        secrets: "{}".into(),
+        target_path: format!("/var/lib/kubelet/pods/{pod}/volumes/kubernetes.io~csi/s/mount"),
+        permission: "420".into(),
+        current_object_version: vec![],
+    }
+}
+
+const TWO_SECRETS: &str = "- name: db-password\n- name: tls-key\n  fileName: tls/key.bin\n";
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn open_on_emulator(emu: &Emulator) -> u64 {
+    let stats = emu.stats();
+    [
+        Endpoint::Secrets,
+        Endpoint::Auth,
+        Endpoint::Proxymux,
+        Endpoint::Kube,
+        Endpoint::Imds,
+    ]
+    .into_iter()
+    .map(|e| stats.listener(e).open)
+    .sum()
+}
+
+#[tokio::test]
+async fn each_principal_mounts_real_files_from_the_emulator() {
+    let emu = emulator(1).await;
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    for auth_type in ["workload", "instance", "user"] {
+        let response = client
+            .mount(request(auth_type, "sa-0", 1, TWO_SECRETS))
+            .await
+            .unwrap_or_else(|s| panic!("{auth_type}: {s:?}"))
+            .into_inner();
+        let files: Vec<_> = response
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.contents.clone(), f.mode))
+            .collect();
+        assert_eq!(
+            files,
+            vec![
+                ("db-password", SECRET_BYTES.as_bytes().to_vec(), 420),
+                ("tls/key.bin", vec![0, 159, 146, 150, 255], 420)
+            ],
+            "{auth_type}"
+        );
+        let versions: Vec<_> = response
+            .object_version
+            .iter()
+            .map(|v| (v.id.as_str(), v.version.as_str()))
+            .collect();
+        assert_eq!(
+            versions,
+            vec![
+                ("ocid1.vaultsecret.oc1.iad.db", "2"),
+                ("ocid1.vaultsecret.oc1.iad.key", "1")
+            ]
+        );
+    }
+    let principals: BTreeSet<String> = emu
+        .secrets_calls()
+        .iter()
+        .map(|c| match &c.identity {
+            Some(Principal::User { .. }) => "user".to_owned(),
+            Some(Principal::Workload { .. }) => "workload".to_owned(),
+            Some(Principal::Instance { .. }) => "instance".to_owned(),
+            None => "unauthenticated".to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        principals,
+        ["instance", "user", "workload"]
+            .map(str::to_owned)
+            .into_iter()
+            .collect()
+    );
+    // Rotation: a new CURRENT version is what the next mount reports.
+    emu.rotate_secret("ocid1.vaultsecret.oc1.iad.db", b"rotated".to_vec())
+        .unwrap();
+    let response = client
+        .mount(request("workload", "sa-0", 2, "- name: db-password\n"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.files[0].contents, b"rotated");
+    assert_eq!(response.object_version[0].version, "3");
+    assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn a_storm_of_2000_workload_mounts_stays_within_the_connection_bound() {
+    const IDENTITIES: usize = 20;
+    const MOUNTS: usize = 2000;
+    let emu = emulator(IDENTITIES).await;
+    // A short idle timeout, so that the pool drains between the phases of the test.
+    let provider = provider(
+        &emu,
+        &["--log-level=warn"],
+        &[("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "2")],
+    )
+    .await;
+    let client = provider.client().await;
+
+    // Warm-up: one mount per identity; once its connections are closed, the runtime's task
+    // count is the baseline.
+    for i in 0..IDENTITIES {
+        client
+            .clone()
+            .mount(request(
+                "workload",
+                &format!("sa-{i}"),
+                i,
+                "- name: db-password\n",
+            ))
+            .await
+            .unwrap();
+    }
+    let baseline = drained_task_count(&provider).await;
+    let before = emu.stats();
+
+    let permits = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::with_capacity(MOUNTS);
+    for i in 0..MOUNTS {
+        let permit = permits.clone().acquire_owned().await.unwrap();
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            client
+                .mount(request(
+                    "workload",
+                    &format!("sa-{}", i % IDENTITIES),
+                    1000 + i,
+                    "- name: db-password\n",
+                ))
+                .await
+        }));
+    }
+    for task in tasks {
+        let response = task.await.unwrap().unwrap().into_inner();
+        assert_eq!(response.files[0].contents, SECRET_BYTES.as_bytes());
+    }
+
+    let stats = emu.stats();
+    for endpoint in [Endpoint::Secrets, Endpoint::Proxymux, Endpoint::Kube] {
+        let listener = stats.listener(endpoint);
+        assert!(listener.high_water <= 4, "{endpoint:?}: {listener:?}");
+        let accepted = listener.accepted - before.listener(endpoint).accepted;
+        assert!(
+            accepted <= 4,
+            "{endpoint:?}: {accepted} accepted during the storm: {listener:?}"
+        );
+        assert_eq!(listener.http2_connections, 0);
+    }
+    for i in 0..IDENTITIES {
+        assert_eq!(
+            stats.proxymux_exchanges(NAMESPACE, &format!("sa-{i}")),
+            1,
+            "sa-{i}"
+        );
+    }
+    let token_requests: u64 = stats.token_requests.values().sum();
+    assert!(token_requests <= IDENTITIES as u64, "{token_requests}");
+    assert_eq!(
+        stats.responses(Endpoint::Secrets, 200),
+        (MOUNTS + IDENTITIES) as u64
+    );
+    // Every Secrets call was made as the identity of the mount that asked.
+    for call in emu.secrets_calls() {
+        match call.identity {
+            Some(Principal::Workload { namespace, .. }) => assert_eq!(namespace, NAMESPACE),
+            other => panic!("{other:?}"),
+        }
+    }
+    // At quiescence the provider's gauge equals the emulator's count.
+    let ours = metric(
+        &provider.metrics().await,
+        "oci_provider_upstream_connections_open",
+    );
+    assert_eq!(ours, open_on_emulator(&emu) as f64);
+    assert!(ours >= 1.0, "idle connections are kept for reuse");
+    // Once the pool has drained, the task count is back to its baseline: nothing leaked.
+    assert_eq!(drained_task_count(&provider).await, baseline);
+    assert_eq!(open_on_emulator(&emu), 0);
+    assert!(provider.terminate().await.status.success());
+}
+
+/// Waits until the provider holds no upstream connection, then reads its alive tasks.
+async fn drained_task_count(provider: &Provider) -> f64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let metrics = provider.metrics().await;
+        if metric(&metrics, "oci_provider_upstream_connections_open") == 0.0 {
+            return metric(&metrics, "oci_provider_runtime_alive_tasks");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pool drains");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn scripted_faults_have_exact_outcomes_and_request_counts() {
+    let emu = emulator(1).await;
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    let one = "- name: db-password\n";
+    client
+        .mount(request("workload", "sa-0", 1, one))
+        .await
+        .unwrap();
+
+    // 503, 503, then 200: success after exactly 3 attempts.
+    let before = emu.stats();
+    emu.script(Endpoint::Secrets, [Fault::Status(503), Fault::Status(503)]);
+    client
+        .mount(request("workload", "sa-0", 2, one))
+        .await
+        .unwrap();
+    let after = emu.stats();
+    assert_eq!(
+        after.responses(Endpoint::Secrets, 503) - before.responses(Endpoint::Secrets, 503),
+        2
+    );
+    assert_eq!(
+        after.responses(Endpoint::Secrets, 200) - before.responses(Endpoint::Secrets, 200),
+        1
+    );
+
+    // 429 with Retry-After: 1 waits at least that long, then succeeds.
+    emu.script(
+        Endpoint::Secrets,
+        [Fault::TooManyRequests {
+            retry_after_secs: 1,
+        }],
+    );
+    let started = std::time::Instant::now();
+    client
+        .mount(request("workload", "sa-0", 3, one))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A connection dropped mid-response is retried.
+    emu.script(Endpoint::Secrets, [Fault::DropMidResponse]);
+    let response = client
+        .mount(request("workload", "sa-0", 4, one))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.files[0].contents, SECRET_BYTES.as_bytes());
+
+    // Stalls before and after the headers end in DeadlineExceeded at the mount's deadline.
+    for fault in [Fault::StallBeforeHeaders, Fault::StallAfterHeaders] {
+        emu.set_fault(Endpoint::Secrets, Some(fault.clone()));
+        let mut stalled = tonic::Request::new(request("workload", "sa-0", 5, one));
+        stalled.set_timeout(Duration::from_secs(2));
+        let started = std::time::Instant::now();
+        let status = client.mount(stalled).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::DeadlineExceeded,
+            "{fault:?}: {status:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(1800),
+            "{:?}",
+            started.elapsed()
+        );
+        emu.clear_faults(Endpoint::Secrets);
+        emu.release_stalls();
+    }
+    // The 404 of a missing secret names the secret and the IAM hint, at once (not retried).
+    let status = client
+        .mount(request("workload", "sa-0", 6, "- name: nope\n"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(
+        status.message().contains("\"nope\"") && status.message().contains("read secret-bundles"),
+        "{status:?}"
+    );
+
+    let listener = emu.stats().listener(Endpoint::Secrets);
+    assert!(listener.high_water <= 4, "{listener:?}");
+    assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn idle_connections_close_on_both_sides_after_the_idle_timeout() {
+    let emu = emulator(1).await;
+    let provider = provider(
+        &emu,
+        &[],
+        &[("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "1")],
+    )
+    .await;
+    let mut client = provider.client().await;
+    client
+        .mount(request("workload", "sa-0", 1, TWO_SECRETS))
+        .await
+        .unwrap();
+    // Right after the mount, the connections are kept for reuse.
+    let open_now = metric(
+        &provider.metrics().await,
+        "oci_provider_upstream_connections_open",
+    );
+    assert!(open_now >= 1.0, "{open_now}");
+    assert_eq!(open_now, open_on_emulator(&emu) as f64);
+    emu.wait_for(WAIT, |s| {
+        [Endpoint::Secrets, Endpoint::Proxymux, Endpoint::Kube]
+            .into_iter()
+            .all(|e| s.listener(e).open == 0)
+    })
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while metric(
+        &provider.metrics().await,
+        "oci_provider_upstream_connections_open",
+    ) != 0.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider's connections close"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential() {
+    let emu = emulator(2).await;
+    let provider = provider(&emu, &["--log-level=trace"], &[]).await;
+    let mut client = provider.client().await;
+    let sa_token = emu
+        .issue_service_account_token(
+            NAMESPACE,
+            "sa-1",
+            Duration::from_secs(3600),
+            Some(("pod-9", "uid-9")),
+        )
+        .unwrap();
+    let tokens =
+        json!({"": {"token": sa_token, "expirationTimestamp": "2099-01-01T00:00:00Z"}}).to_string();
+    // Successful mounts of every principal, one with a driver-supplied token.
+    for auth_type in ["workload", "instance", "user"] {
+        client
+            .mount(request(auth_type, "sa-0", 1, TWO_SECRETS))
+            .await
+            .unwrap();
+    }
+    let mut with_token = request("workload", "sa-1", 9, TWO_SECRETS);
+    let mut attributes: serde_json::Value = serde_json::from_str(&with_token.attributes).unwrap();
+    attributes["csi.storage.k8s.io/serviceAccount.tokens"] = json!(tokens);
+    with_token.attributes = attributes.to_string();
+    client.mount(with_token.clone()).await.unwrap();
+    // Error paths: a missing secret, a refused signature (tokens expired at the emulator),
+    // a token for another service account, Secrets faults, a malformed bundle.
+    let mut errors = Vec::new();
+    errors.push(
+        client
+            .mount(request("workload", "sa-0", 2, "- name: nope\n"))
+            .await
+            .unwrap_err(),
+    );
+    let mut wrong_sa = with_token.clone();
+    wrong_sa.attributes = wrong_sa.attributes.replace("\"sa-1\"", "\"sa-0\"");
+    errors.push(client.mount(wrong_sa).await.unwrap_err());
+    emu.script(Endpoint::Secrets, [Fault::UnknownContentType]);
+    errors.push(
+        client
+            .mount(request("instance", "sa-0", 3, "- name: db-password\n"))
+            .await
+            .unwrap_err(),
+    );
+    emu.script(Endpoint::Proxymux, [Fault::Status(500)]);
+    emu.expire_all_tokens();
+    errors.push(
+        client
+            .mount(request("workload", "sa-0", 4, "- name: db-password\n"))
+            .await
+            .unwrap_err(),
+    );
+    errors.push(
+        client
+            .mount(request("user", "sa-0", 5, "- name: nope\n"))
+            .await
+            .unwrap_err(),
+    );
+    let output: Output = provider.terminate().await;
+    assert!(output.status.success());
+
+    let forbidden = [
+        SECRET_BYTES.to_owned(),
+        sa_token.clone(),
+        sa_token.rsplit('.').next().unwrap().to_owned(),
+        "eyJ".to_owned(),
+        // Key ids of security tokens show as `ST$<redacted>`; the token itself never.
+        "ST$ey".to_owned(),
+        "BEGIN".to_owned(),
+        "PRIVATE KEY".to_owned(),
+    ];
+    assert!(output.stderr.contains("TRACE"), "trace logs were captured");
+    assert!(output.stderr.contains("mount succeeded") && output.stderr.contains("mount failed"));
+    for needle in &forbidden {
+        assert!(
+            !output.stderr.contains(needle.as_str()),
+            "the logs hold {needle:?}"
+        );
+        for status in &errors {
+            assert!(
+                !status.message().contains(needle.as_str()),
+                "{needle:?} in {status:?}"
+            );
+        }
+    }
+}
