@@ -125,7 +125,9 @@ impl ServiceAccountTokens {
 
     /// The tokens by audience.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &ServiceAccountToken)> {
-        self.0.iter().map(|(audience, token)| (audience.as_str(), token))
+        self.0
+            .iter()
+            .map(|(audience, token)| (audience.as_str(), token))
     }
 }
 
