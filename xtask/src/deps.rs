@@ -78,11 +78,37 @@ pub(crate) fn check() -> anyhow::Result<()> {
             ));
         }
     }
+    // The release binary must never contain the emulator (or any test-only crate).
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args([
+            "tree",
+            "--package",
+            "oci-secrets-store-csi-driver-provider",
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .output()
+        .context("cannot run cargo tree for the binary")?;
+    let binary_tree = String::from_utf8_lossy(&output.stdout);
+    for test_only in ["oci-csi-testkit", "rcgen", "tower-test", "proptest"] {
+        if binary_tree
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(test_only))
+        {
+            problems.push(format!(
+                "the provider binary depends on the test-only crate {test_only}"
+            ));
+        }
+    }
     if !problems.is_empty() {
         bail!("dependency policy violated:\n  {}", problems.join("\n  "));
     }
     eprintln!(
-        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}",
+        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}, no test-only crate in the binary",
         versions.len()
     );
     Ok(())

@@ -68,8 +68,11 @@ impl Transport {
             config.tcp_keepalive,
             stats.clone(),
         );
+        // hyper-util evicts idle connections on a timer whose period is the pool's idle
+        // timeout, so a connection may live up to twice that. Half the configured value
+        // makes `idle_timeout` an upper bound: nothing stays idle longer than it.
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.idle_timeout)
+            .pool_idle_timeout(config.idle_timeout / 2)
             .pool_max_idle_per_host(config.max_idle_per_host)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())

@@ -8,7 +8,8 @@ pub struct TransportConfig {
     pub max_connections_per_host: usize,
     /// Most idle connections kept per host.
     pub max_idle_per_host: usize,
-    /// Idle connections are closed after this long.
+    /// Idle connections are closed at the latest this long after their last use (and not
+    /// before half of it).
     pub idle_timeout: Duration,
     /// Budget for TCP connect, proxy tunnel and TLS handshake.
     pub connect_timeout: Duration,
