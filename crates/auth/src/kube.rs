@@ -135,6 +135,38 @@ impl KubeApi {
         Ok(value)
     }
 
+    /// Sends one request with the provider's bearer token; answers whatever status came.
+    async fn call(
+        &self,
+        method: Method,
+        uri: String,
+        json_body: Option<String>,
+        operation: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<http::Response<bytes::Bytes>, AuthError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(AUTHORIZATION, self.bearer()?)
+            .header(ACCEPT, "application/json");
+        let body = match json_body {
+            Some(body) => {
+                builder = builder.header(CONTENT_TYPE, "application/json");
+                bytes::Bytes::from(body)
+            }
+            None => bytes::Bytes::new(),
+        };
+        let request = build(builder, body)?;
+        send(
+            &self.http,
+            request,
+            deadline,
+            Endpoint::Kubernetes,
+            operation,
+        )
+        .await
+    }
+
     /// `POST .../serviceaccounts/{sa}/token` (spec 3.6): a token for `audience` (`""`:
     /// the API server's default) bound to the pod when known.
     pub(crate) async fn token_request(
@@ -173,31 +205,18 @@ impl KubeApi {
             segment(namespace),
             segment(service_account)
         );
-        let request = build(
-            Request::builder()
-                .method(Method::POST)
-                .uri(uri)
-                .header(AUTHORIZATION, self.bearer()?)
-                .header(CONTENT_TYPE, "application/json")
-                .header(ACCEPT, "application/json"),
-            body.to_string(),
-        )?;
-        let response = send(
-            &self.http,
-            request,
-            deadline,
-            Endpoint::Kubernetes,
-            &operation,
-        )
-        .await?;
+        let response = self
+            .call(
+                Method::POST,
+                uri,
+                Some(body.to_string()),
+                &operation,
+                deadline,
+            )
+            .await?;
         let status = response.status();
         if status != StatusCode::CREATED && status != StatusCode::OK {
-            return Err(AuthError::Status {
-                endpoint: Endpoint::Kubernetes,
-                operation,
-                status: status.as_u16(),
-                detail: error_detail(response.body()),
-            });
+            return Err(status_error(operation, &response));
         }
         #[derive(Deserialize)]
         struct TokenRequest {
@@ -207,12 +226,7 @@ impl KubeApi {
         struct TokenStatus {
             token: String,
         }
-        let parsed: TokenRequest =
-            serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
-                endpoint: Endpoint::Kubernetes,
-                operation,
-                reason: format!("line {} column {}", e.line(), e.column()),
-            })?;
+        let parsed: TokenRequest = parse(&response, operation)?;
         Ok(SecretString::from(parsed.status.token))
     }
 
@@ -231,45 +245,22 @@ impl KubeApi {
             segment(namespace),
             segment(name)
         );
-        let request = build(
-            Request::builder()
-                .method(Method::GET)
-                .uri(uri)
-                .header(AUTHORIZATION, self.bearer()?)
-                .header(ACCEPT, "application/json"),
-            bytes::Bytes::new(),
-        )?;
-        let response = send(
-            &self.http,
-            request,
-            deadline,
-            Endpoint::Kubernetes,
-            &operation,
-        )
-        .await?;
+        let response = self
+            .call(Method::GET, uri, None, &operation, deadline)
+            .await?;
         let status = response.status();
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if status != StatusCode::OK {
-            return Err(AuthError::Status {
-                endpoint: Endpoint::Kubernetes,
-                operation,
-                status: status.as_u16(),
-                detail: error_detail(response.body()),
-            });
+            return Err(status_error(operation, &response));
         }
         #[derive(Deserialize)]
         struct Secret {
             #[serde(default)]
             data: BTreeMap<String, String>,
         }
-        let parsed: Secret =
-            serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
-                endpoint: Endpoint::Kubernetes,
-                operation: operation.clone(),
-                reason: format!("line {} column {}", e.line(), e.column()),
-            })?;
+        let parsed: Secret = parse(&response, operation)?;
         let mut data = BTreeMap::new();
         for (key, value) in parsed.data {
             let value = Zeroizing::new(value);
@@ -284,6 +275,29 @@ impl KubeApi {
         }
         Ok(Some(data))
     }
+}
+
+/// A Kubernetes answer with an unexpected status; only its short `code`/`reason` is kept.
+fn status_error(operation: String, response: &http::Response<bytes::Bytes>) -> AuthError {
+    AuthError::Status {
+        endpoint: Endpoint::Kubernetes,
+        operation,
+        status: response.status().as_u16(),
+        detail: error_detail(response.body()),
+    }
+}
+
+/// Decodes a JSON answer, reporting a failure by position only (bodies hold tokens and
+/// Secret data).
+fn parse<T: serde::de::DeserializeOwned>(
+    response: &http::Response<bytes::Bytes>,
+    operation: String,
+) -> Result<T, AuthError> {
+    serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
+        endpoint: Endpoint::Kubernetes,
+        operation,
+        reason: format!("line {} column {}", e.line(), e.column()),
+    })
 }
 
 /// The API base URL (explicit, else the kubeconfig's server, else the in-cluster service
