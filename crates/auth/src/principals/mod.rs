@@ -222,6 +222,8 @@ pub struct Established {
 pub(crate) struct Slot<T> {
     flight: tokio::sync::Mutex<()>,
     value: Mutex<Option<T>>,
+    /// When a mount last asked for this slot (monotonic), for [`Slots`]' sweep.
+    last_used: Mutex<std::time::Instant>,
 }
 
 impl<T: Clone> Slot<T> {
@@ -229,7 +231,22 @@ impl<T: Clone> Slot<T> {
         Self {
             flight: tokio::sync::Mutex::new(()),
             value: Mutex::new(None),
+            last_used: Mutex::new(std::time::Instant::now()),
         }
+    }
+
+    fn touch(&self) {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
     }
 
     pub(crate) fn get(&self) -> Option<T> {
@@ -258,21 +275,42 @@ impl<T: Clone> Slot<T> {
     }
 }
 
+/// How long a slot nobody asked for is kept: longer than any token or user-key lifetime,
+/// so a swept slot never held anything still useful.
+const SLOT_IDLE_LIMIT: Duration = Duration::from_secs(3600);
+
 /// Slots keyed by name, created on first use.
+///
+/// Identities come and go with namespaces and service accounts, so the map must not only
+/// grow: whenever a new key is added, slots idle for longer than the limit and not in use
+/// by a mount right now are dropped (with their keys and tokens). The map is thus bounded
+/// by the identities seen within the limit.
 #[derive(Debug)]
 pub(crate) struct Slots<K, T> {
     map: Mutex<HashMap<K, Arc<Slot<T>>>>,
+    idle_limit: Duration,
 }
 
 impl<K: std::hash::Hash + Eq + Clone, T: Clone> Slots<K, T> {
     fn new() -> Self {
+        Self::with_idle_limit(SLOT_IDLE_LIMIT)
+    }
+
+    fn with_idle_limit(idle_limit: Duration) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
+            idle_limit,
         }
     }
 
     pub(crate) fn slot(&self, key: &K) -> Arc<Slot<T>> {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = map.get(key) {
+            slot.touch();
+            return Arc::clone(slot);
+        }
+        let limit = self.idle_limit;
+        map.retain(|_, slot| Arc::strong_count(slot) > 1 || slot.idle_for() < limit);
         Arc::clone(
             map.entry(key.clone())
                 .or_insert_with(|| Arc::new(Slot::new())),
@@ -280,11 +318,51 @@ impl<K: std::hash::Hash + Eq + Clone, T: Clone> Slots<K, T> {
     }
 
     pub(crate) fn existing(&self, key: &K) -> Option<Arc<Slot<T>>> {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = map.get(key)?;
+        slot.touch();
+        Some(Arc::clone(slot))
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.map
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    #[test]
+    fn idle_unused_slots_are_swept_when_a_new_identity_arrives() {
+        let slots: Slots<String, u32> = Slots::with_idle_limit(Duration::ZERO);
+        let held = slots.slot(&"in-use".to_owned());
+        held.set(Some(1));
+        slots.slot(&"idle".to_owned()).set(Some(2));
+        assert_eq!(slots.len(), 2);
+        // A new key sweeps the idle one; the one a mount still holds stays.
+        let _new = slots.slot(&"new".to_owned());
+        assert_eq!(slots.len(), 2);
+        assert!(slots.existing(&"idle".to_owned()).is_none());
+        assert_eq!(
+            slots.existing(&"in-use".to_owned()).and_then(|s| s.get()),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn slots_used_recently_are_kept() {
+        let slots: Slots<String, u32> = Slots::new();
+        slots.slot(&"a".to_owned()).set(Some(1));
+        let _b = slots.slot(&"b".to_owned());
+        assert_eq!(
+            slots.existing(&"a".to_owned()).and_then(|s| s.get()),
+            Some(1)
+        );
     }
 }
 
