@@ -193,11 +193,14 @@ pub trait Credentials: Send + Sync + fmt::Debug + 'static {
         identity: &'a Identity,
     ) -> BoxFuture<'a, Result<SigningKey, AuthError>>;
 
-    /// OCI answered 401 to a request signed for `identity`: drop what is cached for it, so
-    /// the next [`Credentials::signing_key`] fetches a fresh credential (a new security
-    /// token, or the user Secret read again). The default does nothing.
-    fn invalidate(&self, identity: &Identity) {
-        let _ = identity;
+    /// OCI answered 401 to a request signed for `identity` with `rejected`: drop what is
+    /// cached for it, so the next [`Credentials::signing_key`] fetches a fresh credential
+    /// (a new security token, or the user Secret read again). Only a cached credential
+    /// with that key id is dropped: when several requests signed with one token are refused
+    /// at once, the first renews and the others must not discard the renewed token. The
+    /// default does nothing.
+    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
+        let _ = (identity, rejected);
     }
 }
 
@@ -500,7 +503,7 @@ where
             if !response.is_unauthorized() {
                 return Ok(response);
             }
-            credentials.invalidate(&identity);
+            credentials.invalidate(&identity, key.key_id());
             let refused = |key: &SigningKey, response: &S::Response| AuthError::Unauthorized {
                 identity: identity.clone(),
                 code: response.error_code(),
@@ -530,7 +533,7 @@ where
             let response =
                 sign_and_call(&mut inner, retry, &identity, &fresh, &clock, profile).await?;
             if response.is_unauthorized() {
-                credentials.invalidate(&identity);
+                credentials.invalidate(&identity, fresh.key_id());
                 return Err(refused(&fresh, &response).into());
             }
             Ok(response)

@@ -17,7 +17,7 @@ use transport::HttpService;
 
 use crate::kube::KubeApi;
 use crate::region::{Region, Regions};
-use crate::signing::{BoxFuture, Credentials, SigningKey};
+use crate::signing::{BoxFuture, Credentials, KeyId, SigningKey};
 use crate::{AuthError, Identity, SharedClock};
 
 /// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
@@ -506,7 +506,8 @@ impl Credentials for Principals {
         })
     }
 
-    fn invalidate(&self, identity: &Identity) {
+    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
+        let same = |key: &SigningKey| key.key_id().expose_secret() == rejected.expose_secret();
         match identity {
             Identity::User {
                 namespace,
@@ -517,7 +518,11 @@ impl Credentials for Principals {
                     .users
                     .existing(&(namespace.clone(), secret_name.clone()))
                 {
-                    slot.set(None);
+                    slot.update(|cached| {
+                        if cached.as_ref().is_some_and(|user| same(user.signing_key())) {
+                            *cached = None;
+                        }
+                    });
                 }
             }
             Identity::Workload {
@@ -531,7 +536,9 @@ impl Credentials for Principals {
                     .existing(&(namespace.clone(), service_account.clone()))
                 {
                     slot.update(|session| {
-                        if let Some(session) = session.as_mut().filter(|s| &s.identity == identity)
+                        if let Some(session) = session
+                            .as_mut()
+                            .filter(|s| &s.identity == identity && same(s.signing_key()))
                         {
                             session.invalidated = true;
                         }
@@ -539,7 +546,7 @@ impl Credentials for Principals {
                 }
             }
             Identity::Instance => self.inner.instance.update(|session| {
-                if let Some(session) = session.as_mut() {
+                if let Some(session) = session.as_mut().filter(|s| same(s.signing_key())) {
                     session.invalidated = true;
                 }
             }),

@@ -24,6 +24,13 @@ pub(crate) struct UserKey {
     loaded: SystemTime,
 }
 
+impl UserKey {
+    /// The key this credential signs with (to tell it from a renewed one).
+    pub(crate) fn signing_key(&self) -> &SigningKey {
+        &self.key
+    }
+}
+
 /// A scalar YAML value as text (`fingerprint: 12:bf:...` is a string, but `region: 1`
 /// would be a number); mappings and sequences are refused.
 struct Scalar(Zeroizing<String>);

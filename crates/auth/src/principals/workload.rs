@@ -32,6 +32,13 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// The key this credential signs with (to tell it from a renewed one).
+    pub(crate) fn signing_key(&self) -> &SigningKey {
+        &self.key
+    }
+}
+
+impl Session {
     fn usable(&self, now: SystemTime) -> bool {
         !self.invalidated && fresh(self.exp, now)
     }

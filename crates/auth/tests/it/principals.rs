@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use oci_csi_auth::{
     AuthError, BoxError, BoxFuture, Credentials, ErrorKind, Established, Identity, IdentityRequest,
-    ManualClock, PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock, SigningKey,
-    SigningLayer,
+    KeyId, ManualClock, PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock,
+    SigningKey, SigningLayer,
 };
 use secrecy::SecretString;
 use testkit::{Emulator, Endpoint, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
@@ -184,8 +184,8 @@ impl Credentials for WrongKey {
         })
     }
 
-    fn invalidate(&self, identity: &Identity) {
-        self.inner.invalidate(identity);
+    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
+        self.inner.invalidate(identity, rejected);
     }
 }
 
@@ -479,6 +479,38 @@ async fn workload_identity_with_wrong_key_retries_once_then_is_unauthenticated()
         2,
         "a fresh token for the retry"
     );
+}
+
+#[tokio::test]
+async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let established = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    let identity = &established.identity;
+    let first = fx.principals.signing_key(identity).await.unwrap();
+    // The first refused request renews the token...
+    fx.principals.invalidate(identity, first.key_id());
+    let second = fx.principals.signing_key(identity).await.unwrap();
+    assert_ne!(
+        second.key_id().expose_secret(),
+        first.key_id().expose_secret()
+    );
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
+    // ...and a second request, signed with the old token and refused a moment later, must
+    // not throw the new one away.
+    fx.principals.invalidate(identity, first.key_id());
+    let third = fx.principals.signing_key(identity).await.unwrap();
+    assert_eq!(
+        third.key_id().expose_secret(),
+        second.key_id().expose_secret()
+    );
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
+    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
