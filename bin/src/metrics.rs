@@ -4,9 +4,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use csi_grpc::{ErrorKind, MountObserver};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -33,11 +37,59 @@ pub(crate) struct Metrics {
     mounts: Family<CodeLabel, Counter>,
     duration: Histogram,
     in_flight: Gauge,
-    transport: transport::Transport,
-    open: Family<HostLabel, Gauge>,
-    opened: Family<HostLabel, Gauge>,
-    requests: Family<HostLabel, Gauge>,
     alive_tasks: Gauge,
+}
+
+/// Reads one counter of a host.
+type HostCounter = fn(&transport::HostStats) -> u64;
+
+/// The transport's per-host counters, read at scrape time: connections open now (gauge),
+/// opened, closed and requests sent (counters).
+#[derive(Debug)]
+struct UpstreamCollector(transport::Transport);
+
+impl Collector for UpstreamCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stats = self.0.stats();
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        {
+            let mut family = encoder.encode_descriptor(
+                "upstream_connections_open",
+                "Upstream connections open now, per host",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (host, s) in &stats {
+                let label = HostLabel { host: host.clone() };
+                ConstGauge::new(clamp(s.open)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        let counters: [(&str, &str, HostCounter); 3] = [
+            (
+                "upstream_connections_opened",
+                "Upstream connections opened, per host",
+                |s| s.opened,
+            ),
+            (
+                "upstream_connections_closed",
+                "Upstream connections closed, per host",
+                |s| s.closed,
+            ),
+            (
+                "upstream_requests",
+                "Upstream requests sent (each attempt), per host",
+                |s| s.requests,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (host, s) in &stats {
+                let label = HostLabel { host: host.clone() };
+                ConstCounter::new(value(s)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Metrics {
@@ -58,27 +110,7 @@ impl Metrics {
         let build = Family::<VersionLabel, Gauge>::default();
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
-        // Read from the transport's counters at scrape time (monotonic counts exposed as
-        // gauges holding the current total, since prometheus-client counters only go up by
-        // increments).
-        let open = Family::<HostLabel, Gauge>::default();
-        registry.register(
-            "upstream_connections_open",
-            "Upstream connections open now, per host",
-            open.clone(),
-        );
-        let opened = Family::<HostLabel, Gauge>::default();
-        registry.register(
-            "upstream_connections_opened_total",
-            "Upstream connections opened since start, per host",
-            opened.clone(),
-        );
-        let requests = Family::<HostLabel, Gauge>::default();
-        registry.register(
-            "upstream_requests_total",
-            "Upstream requests sent since start, per host (each attempt)",
-            requests.clone(),
-        );
+        registry.register_collector(Box::new(UpstreamCollector(transport)));
         let alive_tasks = Gauge::default();
         registry.register(
             "runtime_alive_tasks",
@@ -91,24 +123,11 @@ impl Metrics {
             mounts,
             duration,
             in_flight,
-            transport,
-            open,
-            opened,
-            requests,
         }
     }
 
     /// The text exposition format.
     pub(crate) fn encode(&self) -> String {
-        for (host, stats) in self.transport.stats() {
-            let label = HostLabel { host };
-            let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            self.open.get_or_create(&label).set(clamp(stats.open));
-            self.opened.get_or_create(&label).set(clamp(stats.opened));
-            self.requests
-                .get_or_create(&label)
-                .set(clamp(stats.requests));
-        }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let alive = handle.metrics().num_alive_tasks();
             self.alive_tasks

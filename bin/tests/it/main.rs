@@ -127,12 +127,14 @@ async fn sigterm_lets_in_flight_mounts_answer_exits_zero_and_removes_the_socket(
     let socket = provider.socket.clone();
     let output = provider.terminate().await;
     for mount in mounts {
-        // Each mount either got its answer before the listener closed, or was refused a
-        // connection: none is cut off half-way.
+        // Each mount either got its answer before the listener closed, or never reached the
+        // provider: the socket was gone or refused (Unavailable), or the client wrote a new
+        // stream onto a connection the server was closing (a client-side transport error).
+        // No mount gets an answer of another kind.
         match mount.await.unwrap() {
             Err(status) if status.message().contains("no region is configured") => {}
             Err(status) => assert!(
-                status.message().contains("connect") || status.message().contains("transport"),
+                status.code() == Code::Unavailable || status.message() == "transport error",
                 "{status:?}"
             ),
             Ok(response) => panic!("no mount can succeed without endpoints: {response:?}"),

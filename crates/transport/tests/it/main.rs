@@ -188,7 +188,9 @@ async fn open_connections_per_host_never_exceed_the_bound() {
 async fn idle_connections_stay_until_the_idle_timeout_then_close_on_both_sides() {
     let emu = emulator().await;
     let transport = Transport::new(TransportConfig {
-        idle_timeout: Duration::from_millis(500),
+        // Long enough that a loaded machine cannot let the connection expire between the
+        // two requests (the pool evicts after half of it), short enough to wait for.
+        idle_timeout: Duration::from_secs(4),
         ..config(&emu)
     })
     .unwrap();
