@@ -46,7 +46,9 @@ pub use request::{
     ServiceAccountTokens,
 };
 pub use response::{File, FileContents, MountResponse};
-pub use server::{CsiProvider, MountLimits, MountObserver, ServeError, ServerInfo, serve};
+pub use server::{
+    CsiProvider, MountLimits, MountObserver, MountService, ServeError, ServerInfo, serve,
+};
 
 /// The only API version of the provider contract.
 pub const API_VERSION: &str = "v1alpha1";

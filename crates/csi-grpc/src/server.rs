@@ -18,6 +18,36 @@ use crate::proto::csi_driver_provider_server::{CsiDriverProvider, CsiDriverProvi
 use crate::request::MountRequest;
 use crate::response::MountResponse;
 
+/// What the server needs of the inner mount service: a cloneable tower service from
+/// [`MountRequest`] to [`MountResponse`] whose futures can move between threads. Every such
+/// service implements it.
+pub trait MountService:
+    Service<
+        MountRequest,
+        Response = MountResponse,
+        Error = MountError,
+        Future = <Self as MountService>::MountFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The service's future.
+    type MountFuture: Future<Output = Result<MountResponse, MountError>> + Send + 'static;
+}
+
+impl<S> MountService for S
+where
+    S: Service<MountRequest, Response = MountResponse, Error = MountError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type MountFuture = S::Future;
+}
+
 /// What `Version` answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerInfo {
@@ -92,12 +122,7 @@ impl<S> CsiProvider<S> {
     /// The tonic service to add to a server.
     pub fn into_service(self) -> CsiDriverProviderServer<Self>
     where
-        S: Service<MountRequest, Response = MountResponse, Error = MountError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
+        S: MountService,
     {
         CsiDriverProviderServer::new(self)
     }
@@ -123,12 +148,7 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 
 impl<S> CsiProvider<S>
 where
-    S: Service<MountRequest, Response = MountResponse, Error = MountError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: MountService,
 {
     fn deadline(&self, metadata: &tonic::metadata::MetadataMap) -> Duration {
         let requested = metadata
@@ -241,12 +261,7 @@ where
 #[tonic::async_trait]
 impl<S> CsiDriverProvider for CsiProvider<S>
 where
-    S: Service<MountRequest, Response = MountResponse, Error = MountError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: MountService,
 {
     async fn version(
         &self,
@@ -310,12 +325,7 @@ pub async fn serve<S, F>(
     grace: Duration,
 ) -> Result<(), ServeError>
 where
-    S: Service<MountRequest, Response = MountResponse, Error = MountError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: MountService,
     F: Future<Output = ()> + Send + 'static,
 {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

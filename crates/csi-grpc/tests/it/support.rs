@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use secrets_store_csi_grpc::client::{Client, connect_unix};
 use secrets_store_csi_grpc::{
-    CsiProvider, Endpoint, Listener, MountError, MountLimits, MountRequest, MountResponse,
-    ServerInfo, serve,
+    CsiProvider, Endpoint, Listener, MountLimits, MountService, ServerInfo, serve,
 };
 use tokio::sync::oneshot;
 
@@ -51,12 +50,7 @@ impl Running {
 
 pub fn start<S>(inner: S, limits: MountLimits, grace: Duration) -> Running
 where
-    S: tower::Service<MountRequest, Response = MountResponse, Error = MountError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: MountService,
 {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("provider.sock");
