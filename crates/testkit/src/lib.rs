@@ -470,33 +470,25 @@ impl EmulatorHandle {
         secret_id: &str,
         content: impl Into<Vec<u8>>,
     ) -> Result<i64, Error> {
-        let now = self.shared.now();
-        let mut st = self.shared.state();
-        let secret = st
-            .secrets
-            .iter_mut()
-            .find(|s| s.id == secret_id)
-            .ok_or_else(|| Error::NotFound(secret_id.into()))?;
-        let number = secret.versions.iter().map(|v| v.number).max().unwrap_or(0) + 1;
-        for v in &mut secret.versions {
-            let was_current = v.stages.iter().any(|s| s == "CURRENT");
-            let was_previous = v.stages.iter().any(|s| s == "PREVIOUS");
-            v.stages
-                .retain(|s| s != "CURRENT" && s != "LATEST" && s != "PREVIOUS");
-            if was_current {
-                v.stages.push("PREVIOUS".into());
-            } else if was_previous && !v.stages.iter().any(|s| s == "DEPRECATED") {
-                v.stages.push("DEPRECATED".into());
-            }
-        }
-        secret.versions.push(VersionState {
-            number,
-            name: None,
-            stages: vec!["CURRENT".into(), "LATEST".into()],
-            content: content.into(),
-            time_created: now,
-        });
-        Ok(number)
+        self.push_version(
+            secret_id,
+            content.into(),
+            None,
+            &["CURRENT", "LATEST"],
+            |versions| {
+                for v in versions {
+                    let was_current = v.stages.iter().any(|s| s == "CURRENT");
+                    let was_previous = v.stages.iter().any(|s| s == "PREVIOUS");
+                    v.stages
+                        .retain(|s| s != "CURRENT" && s != "LATEST" && s != "PREVIOUS");
+                    if was_current {
+                        v.stages.push("PREVIOUS".into());
+                    } else if was_previous && !v.stages.iter().any(|s| s == "DEPRECATED") {
+                        v.stages.push("DEPRECATED".into());
+                    }
+                }
+            },
+        )
     }
 
     /// Adds a version with explicit stages (removing those stages from other versions).
@@ -507,6 +499,23 @@ impl EmulatorHandle {
         name: Option<&str>,
         stages: &[&str],
     ) -> Result<i64, Error> {
+        self.push_version(secret_id, content.into(), name, stages, |versions| {
+            for v in versions {
+                v.stages.retain(|s| !stages.contains(&s.as_str()));
+            }
+        })
+    }
+
+    /// Restages the existing versions of a secret with `restage`, then adds the next
+    /// version with `stages`. Returns its number.
+    fn push_version(
+        &self,
+        secret_id: &str,
+        content: Vec<u8>,
+        name: Option<&str>,
+        stages: &[&str],
+        restage: impl FnOnce(&mut [VersionState]),
+    ) -> Result<i64, Error> {
         let now = self.shared.now();
         let mut st = self.shared.state();
         let secret = st
@@ -515,14 +524,12 @@ impl EmulatorHandle {
             .find(|s| s.id == secret_id)
             .ok_or_else(|| Error::NotFound(secret_id.into()))?;
         let number = secret.versions.iter().map(|v| v.number).max().unwrap_or(0) + 1;
-        for v in &mut secret.versions {
-            v.stages.retain(|s| !stages.contains(&s.as_str()));
-        }
+        restage(&mut secret.versions);
         secret.versions.push(VersionState {
             number,
             name: name.map(str::to_owned),
             stages: stages.iter().map(|s| (*s).to_owned()).collect(),
-            content: content.into(),
+            content,
             time_created: now,
         });
         Ok(number)
