@@ -265,6 +265,12 @@ struct RawToken {
 }
 
 fn parse_tokens(json: &str) -> Result<ServiceAccountTokens, MountError> {
+    // Driver v1.0 always copies the key from the volume context, as "" when kubelet sent
+    // no tokens (no `tokenRequests` in the CSIDriver).
+    let trimmed = json.trim();
+    if trimmed.is_empty() || trimmed == "null" {
+        return Ok(ServiceAccountTokens::default());
+    }
     let raw: BTreeMap<String, RawToken> = serde_json::from_str(json).map_err(|e| {
         MountError::invalid_argument(format!(
             "{SERVICE_ACCOUNT_TOKENS_KEY} must be a JSON object mapping each audience to \
@@ -344,6 +350,17 @@ mod tests {
         assert_eq!(req.attributes["secrets"], "- name: a\n");
         assert_eq!(req.current_object_versions.len(), 1);
         assert!(req.service_account_tokens.is_empty());
+    }
+
+    #[test]
+    fn an_empty_tokens_attribute_means_no_tokens() {
+        // What driver v1.0 sends when the CSIDriver has no tokenRequests.
+        for tokens in ["", " ", "null"] {
+            let attrs = serde_json::json!({ SERVICE_ACCOUNT_TOKENS_KEY: tokens }).to_string();
+            let req = translate(&attrs, "null", "420").unwrap();
+            assert!(req.service_account_tokens.is_empty(), "{tokens:?}");
+            assert!(!req.attributes.contains_key(SERVICE_ACCOUNT_TOKENS_KEY));
+        }
     }
 
     #[test]

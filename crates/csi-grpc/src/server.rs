@@ -3,7 +3,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
+use h2_authority::RewriteAuthority;
 use prost::Message;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -318,6 +319,11 @@ pub struct ServeError(#[source] tonic::transport::Error);
 
 /// Serves `provider` on `listener` until `shutdown` completes, then stops accepting, lets
 /// in-flight mounts finish for up to `grace`, and removes the socket if it is still ours.
+///
+/// Every connection goes through [`h2_authority::RewriteAuthority`], so clients that send
+/// the socket path (grpc-go without `WithAuthority`: every driver before v1.6.0), a
+/// percent-encoded path (grpc-core) or no authority are served as if they had sent
+/// `localhost`.
 pub async fn serve<S, F>(
     listener: Listener,
     provider: CsiProvider<S>,
@@ -345,7 +351,8 @@ where
             path,
             identity,
         } => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
+                .map(|stream| stream.map(RewriteAuthority::new));
             let server = router.serve_with_incoming_shutdown(incoming, signal);
             (
                 drain(server, started_rx, grace).await,
@@ -353,7 +360,8 @@ where
             )
         }
         ListenerKind::Tcp(listener) => {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+                .map(|stream| stream.map(RewriteAuthority::new));
             let server = router.serve_with_incoming_shutdown(incoming, signal);
             (drain(server, started_rx, grace).await, None)
         }

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod grpc_go;
 mod lifecycle;
 mod mount;
 mod socket;

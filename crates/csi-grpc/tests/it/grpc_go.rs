@@ -1,0 +1,298 @@
+//! The real grpc-go library against our socket, dialled as each driver version dials:
+//! the socket path as `:authority` (drivers v1.0 to v1.5.x) and `localhost` (v1.6.0).
+//! The client is `tests/grpc-go/driverclient.go`, built here with Debian's
+//! `golang-go` + `golang-google-grpc-dev` (offline, GOPATH mode); `.ci/run` installs them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use secrets_store_csi_grpc::{
+    File, FileContents, FilePath, MountError, MountLimits, MountRequest, MountResponse,
+    ObjectVersion,
+};
+use serde_json::Value;
+
+use crate::support::start;
+
+const GOPATH: &str = "/usr/share/gocode";
+
+/// The built client, or `None` where Go or grpc-go is missing and the test may be skipped
+/// (never on CI: `.ci/run` installs them and sets `CI`).
+fn driver_client() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let have_go = Command::new("go").arg("version").output().is_ok();
+            let have_grpc = Path::new(GOPATH).join("src/google.golang.org/grpc").is_dir();
+            if !have_go || !have_grpc {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "grpc-go compat tests need Debian's golang-go and golang-google-grpc-dev \
+                     (go found: {have_go}, grpc-go found: {have_grpc})"
+                );
+                eprintln!(
+                    "SKIPPED: grpc-go compat test (install golang-go golang-google-grpc-dev to run it)"
+                );
+                return None;
+            }
+            let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-go");
+            std::fs::create_dir_all(&out_dir).unwrap();
+            let binary = out_dir.join("driverclient");
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc-go/driverclient.go");
+            let output = Command::new("go")
+                .arg("build")
+                .arg("-o")
+                .arg(&binary)
+                .arg(&source)
+                .env("GO111MODULE", "off")
+                .env("GOPATH", GOPATH)
+                .env("GOCACHE", out_dir.join("cache"))
+                .env("GOFLAGS", "")
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "go build failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Some(binary)
+        })
+        .clone()
+}
+
+fn fixture_path(version: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/driver/{version}.json"))
+}
+
+fn fixture(version: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture_path(version)).unwrap()).unwrap()
+}
+
+/// What the fake provider saw of one mount, to compare with the fixture's `expect`.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    pod_namespace: Option<String>,
+    pod_name: Option<String>,
+    service_account: Option<String>,
+    token_audiences: Vec<String>,
+    current_object_versions: usize,
+    node_publish_secrets: usize,
+    secret_provider_class: Option<String>,
+    file_size: usize,
+}
+
+/// The bytes of a test file of `size` bytes: a pattern the client checksums, so a frame
+/// lost, repeated or reordered on the way shows.
+fn pattern(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(2_166_136_261u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(16_777_619)
+    })
+}
+
+type Recorder = Arc<Mutex<Vec<Seen>>>;
+
+fn recording_provider(
+    seen: Recorder,
+) -> impl tower::Service<MountRequest, Response = MountResponse, Error = MountError, Future: Send>
++ Clone
++ Send
++ Sync {
+    tower::service_fn(move |req: MountRequest| {
+        let seen = seen.clone();
+        async move {
+            let file_size: usize = req
+                .attributes
+                .get("test.fileSize")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            seen.lock().unwrap().push(Seen {
+                pod_namespace: req.pod.namespace.clone(),
+                pod_name: req.pod.name.clone(),
+                service_account: req.pod.service_account.clone(),
+                token_audiences: req
+                    .service_account_tokens
+                    .audiences()
+                    .map(str::to_owned)
+                    .collect(),
+                current_object_versions: req.current_object_versions.len(),
+                node_publish_secrets: req.node_publish_secrets.len(),
+                secret_provider_class: req.attributes.get("secretProviderClass").cloned(),
+                file_size,
+            });
+            Ok(MountResponse {
+                files: vec![File {
+                    path: FilePath::new("data/secret").unwrap(),
+                    mode: req.file_mode,
+                    contents: FileContents::new(pattern(file_size)),
+                }],
+                object_versions: vec![ObjectVersion {
+                    id: "ocid1.vaultsecret.oc1.iad.fixture".into(),
+                    version: "1".into(),
+                }],
+            })
+        }
+    })
+}
+
+fn expected(request: &Value) -> Seen {
+    let e = &request["expect"];
+    let s = |k: &str| e[k].as_str().map(str::to_owned);
+    Seen {
+        pod_namespace: s("pod_namespace"),
+        pod_name: s("pod_name"),
+        service_account: s("service_account"),
+        token_audiences: e["token_audiences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect(),
+        current_object_versions: e["current_object_versions"].as_u64().unwrap() as usize,
+        node_publish_secrets: e["node_publish_secrets"].as_u64().unwrap() as usize,
+        secret_provider_class: s("secret_provider_class"),
+        file_size: e["file_size"].as_u64().unwrap() as usize,
+    }
+}
+
+/// Runs the Go client on `socket` with `fixture` and returns its summary.
+async fn run_client(binary: &Path, socket: &Path, version: &str, args: &[&str]) -> Value {
+    let output = tokio::process::Command::new(binary)
+        .arg("-socket")
+        .arg(socket)
+        .arg("-fixture")
+        .arg(fixture_path(version))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "driver client ({version}) failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
+async fn replay(version: &str, repeat: usize) {
+    let Some(binary) = driver_client() else {
+        return;
+    };
+    let seen = Recorder::default();
+    let server = start(
+        recording_provider(seen.clone()),
+        MountLimits::default(),
+        Duration::from_secs(1),
+    );
+    let fx = fixture(version);
+    let requests = fx["requests"].as_array().unwrap();
+    let summary = run_client(
+        &binary,
+        &server.path,
+        version,
+        &["-repeat", &repeat.to_string()],
+    )
+    .await;
+
+    let dial = fx["dial"].as_str().unwrap();
+    let authority = summary["authority"].as_str().unwrap();
+    if dial == "socket-path" {
+        assert_eq!(
+            authority,
+            server.path.to_str().unwrap(),
+            "grpc-go sent the path"
+        );
+    } else {
+        assert_eq!(authority, "localhost");
+    }
+    assert_eq!(summary["version"]["version"], "v1alpha1");
+    assert_eq!(summary["version"]["runtime_name"], "test-provider");
+    assert_eq!(
+        summary["mounts"].as_u64().unwrap() as usize,
+        requests.len() * repeat
+    );
+    assert_eq!(summary["failures"].as_array().unwrap().len(), 0);
+
+    // Every answer arrived whole: size and checksum of the pattern the provider wrote.
+    let results = summary["results"].as_array().unwrap();
+    assert_eq!(results.len(), (requests.len() * repeat).min(1000));
+    for (result, request) in results.iter().zip(requests.iter().cycle()) {
+        let size = expected(request).file_size;
+        let file = &result["files"][0];
+        assert_eq!(file["path"], "data/secret");
+        assert_eq!(file["mode"], 420, "the driver's permission, decimal 0644");
+        assert_eq!(file["size"].as_u64().unwrap() as usize, size);
+        assert_eq!(
+            file["checksum"].as_u64().unwrap() as u32,
+            fnv1a(&pattern(size))
+        );
+        assert_eq!(result["object_versions"][0]["version"], "1");
+    }
+
+    // And the provider saw what each driver version sends.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), requests.len() * repeat);
+    for (seen, request) in seen.iter().zip(requests.iter().cycle()) {
+        assert_eq!(seen, &expected(request), "{}", request["name"]);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn driver_v1_0_with_the_socket_path_as_authority() {
+    replay("v1.0", 1).await;
+}
+
+#[tokio::test]
+async fn driver_v1_1_with_the_socket_path_as_authority() {
+    replay("v1.1", 1).await;
+}
+
+#[tokio::test]
+async fn driver_v1_2_with_the_socket_path_as_authority() {
+    replay("v1.2", 1).await;
+}
+
+#[tokio::test]
+async fn driver_v1_3_many_mounts_on_one_connection() {
+    // 3 requests x 40: 120 mounts on one connection, two thirds of them above 16 KiB, so
+    // grpc-go's HPACK dynamic table is reused for every request after the first.
+    replay("v1.3", 40).await;
+}
+
+#[tokio::test]
+async fn driver_v1_4_with_the_socket_path_as_authority() {
+    replay("v1.4", 1).await;
+}
+
+#[tokio::test]
+async fn driver_v1_5_with_the_socket_path_as_authority() {
+    replay("v1.5", 1).await;
+}
+
+#[tokio::test]
+async fn driver_v1_6_with_localhost_many_mounts_on_one_connection() {
+    replay("v1.6", 34).await;
+}
+
+#[tokio::test]
+async fn a_v1_6_request_dialled_with_the_socket_path_works_too() {
+    let Some(binary) = driver_client() else {
+        return;
+    };
+    let server = start(
+        recording_provider(Recorder::default()),
+        MountLimits::default(),
+        Duration::from_secs(1),
+    );
+    let summary = run_client(&binary, &server.path, "v1.6", &["-dial", "socket-path"]).await;
+    assert_eq!(summary["authority"], server.path.to_str().unwrap());
+    assert_eq!(summary["mounts"], 3);
+    server.stop().await;
+}
