@@ -17,10 +17,11 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Runs `bytes` through the adapter: `Ok(output)` or the adapter's error.
 fn run(rt: &tokio::runtime::Runtime, bytes: &[u8]) -> Result<Vec<u8>, RewriteError> {
-    rt.block_on(Pipe::new().through(bytes)).map_err(|e: io::Error| {
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
-        *e.into_inner().unwrap().downcast::<RewriteError>().unwrap()
-    })
+    rt.block_on(Pipe::new().through(bytes))
+        .map_err(|e: io::Error| {
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            *e.into_inner().unwrap().downcast::<RewriteError>().unwrap()
+        })
 }
 
 fn valid_connection() -> Vec<u8> {
@@ -76,7 +77,10 @@ fn check_output(out: &[u8]) {
             // Duplicates (a mutated index) are the server's to refuse; each is replaced.
             let authorities = header(&headers, ":authority");
             assert!(!authorities.is_empty());
-            assert!(authorities.iter().all(|a| *a == "localhost"), "{authorities:?}");
+            assert!(
+                authorities.iter().all(|a| *a == "localhost"),
+                "{authorities:?}"
+            );
         }
     }
 }

@@ -131,9 +131,15 @@ pub struct Pipe {
     pub server: RewriteAuthority<DuplexStream>,
 }
 
+impl Default for Pipe {
+    fn default() -> Self {
+        Self::with_config(&Config::default())
+    }
+}
+
 impl Pipe {
     pub fn new() -> Self {
-        Self::with_config(&Config::default())
+        Self::default()
     }
 
     pub fn with_config(config: &Config) -> Self {
@@ -212,7 +218,10 @@ pub fn blocks(frames: &[Frame]) -> Vec<(u32, Vec<(String, String)>)> {
                 bytes.extend_from_slice(&frame.payload);
             }
             _ => {
-                assert!(block.is_none(), "no frame between HEADERS and its CONTINUATION");
+                assert!(
+                    block.is_none(),
+                    "no frame between HEADERS and its CONTINUATION"
+                );
                 continue;
             }
         }

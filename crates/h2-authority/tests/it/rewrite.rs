@@ -79,8 +79,15 @@ async fn a_request_without_authority_gets_localhost_among_its_pseudo_headers() {
     let headers = &blocks[0].1;
     assert_eq!(header(headers, ":authority"), ["localhost"]);
     // Pseudo-headers must all come before regular fields (RFC 9113 8.3).
-    let first_regular = headers.iter().position(|(n, _)| !n.starts_with(':')).unwrap();
-    assert!(headers[first_regular..].iter().all(|(n, _)| !n.starts_with(':')));
+    let first_regular = headers
+        .iter()
+        .position(|(n, _)| !n.starts_with(':'))
+        .unwrap();
+    assert!(
+        headers[first_regular..]
+            .iter()
+            .all(|(n, _)| !n.starts_with(':'))
+    );
     assert_eq!(first_regular, 4);
 }
 
@@ -140,7 +147,10 @@ async fn dynamic_table_size_updates_are_followed() {
         frame(HEADERS, END_HEADERS, 3, &evict),
     ])
     .await;
-    assert_eq!(blocks, vec![(1, expected_request()), (3, expected_request())]);
+    assert_eq!(
+        blocks,
+        vec![(1, expected_request()), (3, expected_request())]
+    );
 
     let mut stale = Vec::new();
     hpack::request_start(&mut stale, PATH);
@@ -154,7 +164,10 @@ async fn dynamic_table_size_updates_are_followed() {
         ],
     )
     .await;
-    assert!(matches!(err, RewriteError::Hpack { stream: 5, .. }), "{err}");
+    assert!(
+        matches!(err, RewriteError::Hpack { stream: 5, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -163,7 +176,10 @@ async fn a_table_size_update_above_the_servers_setting_is_refused() {
     hpack::size_update(&mut block, 4097);
     hpack::request_start(&mut block, PATH);
     let err = failure(Pipe::new(), &[frame(HEADERS, END_HEADERS, 1, &block)]).await;
-    assert!(matches!(err, RewriteError::Hpack { stream: 1, .. }), "{err}");
+    assert!(
+        matches!(err, RewriteError::Hpack { stream: 1, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -309,7 +325,8 @@ async fn blocks_above_the_default_frame_size_are_split_into_continuations() {
 async fn the_servers_settings_apply_once_the_client_acknowledges_them() {
     let mut pipe = Pipe::with_config(&Config::new().max_header_list_size(1 << 20));
     // The server advertises 64 KiB frames and a 100-byte header list.
-    pipe.server_writes(&settings(&[(0x5, 65_536), (0x6, 100)])).await;
+    pipe.server_writes(&settings(&[(0x5, 65_536), (0x6, 100)]))
+        .await;
     let mut block = Vec::new();
     hpack::request_start(&mut block, PATH);
     hpack::literal(&mut block, b"x-large", &[b'c'; 40_000]);
@@ -322,7 +339,11 @@ async fn the_servers_settings_apply_once_the_client_acknowledges_them() {
     bytes.extend(settings_ack());
     bytes.extend(frame(HEADERS, END_HEADERS, 3, &request(Some(SOCKET_PATH))));
     let err = pipe.through(&bytes).await.unwrap_err();
-    let err = *err.into_inner().unwrap().downcast::<RewriteError>().unwrap();
+    let err = *err
+        .into_inner()
+        .unwrap()
+        .downcast::<RewriteError>()
+        .unwrap();
     assert_eq!(
         err,
         RewriteError::HeaderListTooLarge {
@@ -333,17 +354,15 @@ async fn the_servers_settings_apply_once_the_client_acknowledges_them() {
 
     // With a generous list size, the 64 KiB frame size is used after the ACK.
     let mut pipe = Pipe::with_config(&Config::new().max_header_list_size(1 << 20));
-    pipe.server_writes(&settings(&[(0x5, 65_536), (0x6, 1 << 20)])).await;
+    pipe.server_writes(&settings(&[(0x5, 65_536), (0x6, 1 << 20)]))
+        .await;
     let mut bytes = connection(&[]);
     bytes.extend(settings_ack());
     bytes.extend(frame(HEADERS, 0, 1, &block[..16_000]));
     bytes.extend(frame(CONTINUATION, 0, 1, &block[16_000..32_000]));
     bytes.extend(frame(CONTINUATION, END_HEADERS, 1, &block[32_000..]));
     let out = pipe.through(&bytes).await.unwrap();
-    let header_frames: Vec<_> = parse(&out)
-        .into_iter()
-        .filter(|f| f.stream == 1)
-        .collect();
+    let header_frames: Vec<_> = parse(&out).into_iter().filter(|f| f.stream == 1).collect();
     assert_eq!(header_frames.len(), 1, "one 40 KiB HEADERS frame");
     assert_eq!(header_frames[0].flags, END_HEADERS);
 }
@@ -386,12 +405,10 @@ async fn an_oversized_header_block_is_refused_before_it_is_buffered_whole() {
 #[tokio::test]
 async fn malformed_frame_sequences_are_connection_errors() {
     let block = request(Some(SOCKET_PATH));
-    let cases: Vec<(Vec<Vec<u8>>, fn(&RewriteError) -> bool)> = vec![
+    type Case = (Vec<Vec<u8>>, fn(&RewriteError) -> bool);
+    let cases: Vec<Case> = vec![
         (
-            vec![
-                frame(HEADERS, 0, 1, &block[..5]),
-                frame(0x6, 0, 0, &[0; 8]),
-            ],
+            vec![frame(HEADERS, 0, 1, &block[..5]), frame(0x6, 0, 0, &[0; 8])],
             |e| matches!(e, RewriteError::ContinuationExpected { kind: "PING", .. }),
         ),
         (
@@ -399,16 +416,23 @@ async fn malformed_frame_sequences_are_connection_errors() {
                 frame(HEADERS, 0, 1, &block[..5]),
                 frame(CONTINUATION, END_HEADERS, 3, &block[5..]),
             ],
-            |e| matches!(e, RewriteError::ContinuationExpected { stream: 3, expected: 1, .. }),
+            |e| {
+                matches!(
+                    e,
+                    RewriteError::ContinuationExpected {
+                        stream: 3,
+                        expected: 1,
+                        ..
+                    }
+                )
+            },
         ),
-        (
-            vec![frame(CONTINUATION, END_HEADERS, 1, &block)],
-            |e| matches!(e, RewriteError::UnexpectedContinuation { stream: 1 }),
-        ),
-        (
-            vec![frame(HEADERS, END_HEADERS, 0, &block)],
-            |e| matches!(e, RewriteError::MalformedHeaders { stream: 0, .. }),
-        ),
+        (vec![frame(CONTINUATION, END_HEADERS, 1, &block)], |e| {
+            matches!(e, RewriteError::UnexpectedContinuation { stream: 1 })
+        }),
+        (vec![frame(HEADERS, END_HEADERS, 0, &block)], |e| {
+            matches!(e, RewriteError::MalformedHeaders { stream: 0, .. })
+        }),
         (
             vec![frame(HEADERS, END_HEADERS | PADDED, 1, &[200, 1, 2])],
             |e| matches!(e, RewriteError::MalformedHeaders { stream: 1, .. }),
@@ -417,32 +441,41 @@ async fn malformed_frame_sequences_are_connection_errors() {
             vec![frame(HEADERS, END_HEADERS | PRIORITY, 1, &[1, 2])],
             |e| matches!(e, RewriteError::MalformedHeaders { stream: 1, .. }),
         ),
-        (
-            vec![frame(HEADERS, END_HEADERS, 1, &[0; 20_000])],
-            |e| matches!(e, RewriteError::FrameTooLarge { len: 20_000, max: 16_384, .. }),
-        ),
+        (vec![frame(HEADERS, END_HEADERS, 1, &[0; 20_000])], |e| {
+            matches!(
+                e,
+                RewriteError::FrameTooLarge {
+                    len: 20_000,
+                    max: 16_384,
+                    ..
+                }
+            )
+        }),
         // Index 0, an index past both tables, a truncated integer, a truncated string,
         // a size update at the end of a block, invalid Huffman padding.
-        (
-            vec![frame(HEADERS, END_HEADERS, 1, &[0x80])],
-            |e| matches!(e, RewriteError::Hpack { .. }),
-        ),
+        (vec![frame(HEADERS, END_HEADERS, 1, &[0x80])], |e| {
+            matches!(e, RewriteError::Hpack { .. })
+        }),
         (
             vec![frame(HEADERS, END_HEADERS, 1, &[0xff, 0x80, 0x01])],
             |e| matches!(e, RewriteError::Hpack { .. }),
         ),
         (
-            vec![frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff, 0xff])],
+            vec![frame(
+                HEADERS,
+                END_HEADERS,
+                1,
+                &[0xff, 0xff, 0xff, 0xff, 0xff],
+            )],
             |e| matches!(e, RewriteError::Hpack { .. }),
         ),
         (
             vec![frame(HEADERS, END_HEADERS, 1, &[0x00, 0x05, b'a'])],
             |e| matches!(e, RewriteError::Hpack { .. }),
         ),
-        (
-            vec![frame(HEADERS, END_HEADERS, 1, &[0x82, 0x20])],
-            |e| matches!(e, RewriteError::Hpack { .. }),
-        ),
+        (vec![frame(HEADERS, END_HEADERS, 1, &[0x82, 0x20])], |e| {
+            matches!(e, RewriteError::Hpack { .. })
+        }),
         (
             vec![frame(HEADERS, END_HEADERS, 1, &[0x00, 0x81, 0x00, 0x00])],
             |e| matches!(e, RewriteError::Hpack { .. }),
@@ -481,11 +514,19 @@ async fn bytes_arriving_one_at_a_time_give_the_same_result() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let bytes = connection(&[
         frame(HEADERS, 0, 1, &request(Some(SOCKET_PATH))[..9]),
-        frame(CONTINUATION, END_HEADERS, 1, &request(Some(SOCKET_PATH))[9..]),
+        frame(
+            CONTINUATION,
+            END_HEADERS,
+            1,
+            &request(Some(SOCKET_PATH))[9..],
+        ),
         frame(0x0, END_STREAM, 1, b"\0\0\0\0\x02hi"),
     ]);
     let whole = Pipe::new().through(&bytes).await.unwrap();
-    let Pipe { mut client, mut server } = Pipe::new();
+    let Pipe {
+        mut client,
+        mut server,
+    } = Pipe::new();
     let writer = tokio::spawn(async move {
         for b in bytes {
             client.write_all(&[b]).await.unwrap();
