@@ -296,3 +296,54 @@ async fn a_v1_6_request_dialled_with_the_socket_path_works_too() {
     assert_eq!(summary["mounts"], 3);
     server.stop().await;
 }
+
+/// Python's grpcio (grpc-core), pinned in `.ci/run`: its default authority for a `unix:`
+/// target is the percent-encoded socket path; `grpc.default_authority` sends the path.
+async fn grpcio(authority: &str) {
+    let have_grpcio = Command::new("python3")
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_grpcio {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "grpc-core compat tests need Python's grpcio (pip install grpcio)"
+        );
+        eprintln!("SKIPPED: grpcio compat test (pip install grpcio to run it)");
+        return;
+    }
+    let server = start(
+        recording_provider(Recorder::default()),
+        MountLimits::default(),
+        Duration::from_secs(1),
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpcio/client.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg("--socket")
+        .arg(&server.path)
+        .args(["--authority", authority, "--mounts", "20"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "grpcio client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["version"]["1"], "v1alpha1");
+    assert_eq!(summary["file_sizes"], serde_json::json!(vec![20000; 20]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_core_with_its_default_percent_encoded_authority() {
+    grpcio("default").await;
+}
+
+#[tokio::test]
+async fn grpc_core_with_the_socket_path_as_authority() {
+    grpcio("path").await;
+}
