@@ -523,6 +523,13 @@ mod tests {
             ("OCI_PROVIDER_SERVER__ENDPOINT_PERMISSIONS", "0660"),
         ]);
         let config = Config::load(&flags(&["--config", path, "-pprof-port=3003"]), &vars).unwrap();
+        // The flag, as the Go chart renders 0660 (Go's flag.Int: decimal 432), wins too.
+        let over = Config::load(
+            &flags(&["--config", path, "--endpoint-permissions=416"]),
+            &vars,
+        )
+        .unwrap();
+        assert_eq!(over.server.endpoint_permissions, OctalMode(0o640));
         assert_eq!(config.server.healthz_port, 1001, "file over defaults");
         assert_eq!(
             config.region.as_deref(),
@@ -610,12 +617,12 @@ mod tests {
                 vec!["OCI_RESOURCE_PRINCIPAL_VERSION", "must be valid"],
             ),
             (
-                vec!["--endpoint-permissions=0999"],
                 vec![],
+                vec![("OCI_PROVIDER_SERVER__ENDPOINT_PERMISSIONS", "0999")],
                 None,
                 vec![
                     "server.endpoint_permissions",
-                    "--endpoint-permissions",
+                    "OCI_PROVIDER_SERVER__ENDPOINT_PERMISSIONS",
                     "octal",
                 ],
             ),

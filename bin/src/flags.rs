@@ -21,23 +21,24 @@ pub struct Flags {
     /// gRPC endpoint: unix:///path or tcp://127.0.0.1:port [server.endpoint].
     #[arg(long)]
     pub endpoint: Option<String>,
-    /// Mode of the Unix socket, octal [server.endpoint_permissions].
-    #[arg(long, value_name = "MODE")]
-    pub endpoint_permissions: Option<String>,
+    /// Mode of the Unix socket, read as Go's flag.Int reads it: 0600 (leading 0: octal),
+    /// 384 (decimal), 0x180 (hex), 0o600; at most 0777 [server.endpoint_permissions].
+    #[arg(long, value_name = "MODE", value_parser = go_mode)]
+    pub endpoint_permissions: Option<u32>,
     /// Port of /health, /healthz and /readyz [server.healthz_port].
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = go_port)]
     pub healthz_port: Option<u16>,
     /// Metrics exporter, only "prometheus" [server.metrics_backend].
     #[arg(long, value_name = "NAME")]
     pub metrics_backend: Option<String>,
     /// Port of /metrics [server.metrics_port].
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = go_port)]
     pub metrics_port: Option<u16>,
     /// Accepted for compatibility; profiling is not supported [server.enable_pprof].
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub enable_pprof: Option<bool>,
     /// Accepted for compatibility [server.pprof_port].
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = go_port)]
     pub pprof_port: Option<u16>,
     /// Log format: text or json [log.format].
     #[arg(long, value_name = "FORMAT")]
@@ -69,7 +70,9 @@ impl Flags {
         push(
             "--endpoint-permissions",
             "server.endpoint_permissions",
-            self.endpoint_permissions.clone().map(Value::from),
+            // As the octal text the configuration key takes.
+            self.endpoint_permissions
+                .map(|mode| Value::from(format!("{mode:04o}"))),
         );
         push(
             "--healthz-port",
@@ -108,6 +111,116 @@ impl Flags {
         );
         out
     }
+}
+
+/// Reads an integer as Go's `flag.Int` does (`strconv.ParseInt(s, 0, 64)`): an optional
+/// sign, then `0x`/`0X` hex, `0o`/`0O` or a bare leading `0` octal, `0b`/`0B` binary, else
+/// decimal, with `_` allowed between digits as in Go's integer literals.
+fn go_int(text: &str) -> Result<i64, String> {
+    let invalid = || format!("{text:?} is not an integer as Go's flag.Int reads it");
+    let (negative, s) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let b = s.as_bytes();
+    if b.is_empty() {
+        return Err(invalid());
+    }
+    let (radix, digits) = if b[0] == b'0' {
+        match b.get(1).map(u8::to_ascii_lowercase) {
+            Some(b'x') if b.len() >= 3 => (16, &s[2..]),
+            Some(b'o') if b.len() >= 3 => (8, &s[2..]),
+            Some(b'b') if b.len() >= 3 => (2, &s[2..]),
+            _ => (8, &s[1..]),
+        }
+    } else {
+        (10, s)
+    };
+    let mut magnitude: u64 = 0;
+    let mut underscores = false;
+    for c in digits.chars() {
+        if c == '_' {
+            underscores = true;
+            continue;
+        }
+        let digit = c.to_digit(radix).ok_or_else(invalid)?;
+        magnitude = magnitude
+            .checked_mul(u64::from(radix))
+            .and_then(|m| m.checked_add(u64::from(digit)))
+            .ok_or_else(invalid)?;
+    }
+    if underscores && !go_underscores_ok(s) {
+        return Err(invalid());
+    }
+    if negative {
+        0i64.checked_sub_unsigned(magnitude).ok_or_else(invalid)
+    } else {
+        i64::try_from(magnitude).map_err(|_| invalid())
+    }
+}
+
+/// Go's `underscoreOK`: each `_` follows a digit or the base prefix and precedes a digit.
+fn go_underscores_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut saw = b'^';
+    let mut hex = false;
+    if b.len() >= 2 && b[0] == b'0' && matches!(b[1].to_ascii_lowercase(), b'b' | b'o' | b'x') {
+        i = 2;
+        saw = b'0';
+        hex = b[1].eq_ignore_ascii_case(&b'x');
+    }
+    for &c in &b[i..] {
+        if c.is_ascii_digit() || (hex && c.is_ascii_hexdigit()) {
+            saw = b'0';
+        } else if c == b'_' {
+            if saw != b'0' {
+                return false;
+            }
+            saw = b'_';
+        } else {
+            if saw == b'_' {
+                return false;
+            }
+            saw = b'!';
+        }
+    }
+    saw != b'_'
+}
+
+/// `--endpoint-permissions`: Go's integer reading, then at most 0o777.
+fn go_mode(text: &str) -> Result<u32, String> {
+    let value = go_int(text)?;
+    let octal_digits = text.trim_start_matches('+');
+    let also = if !octal_digits.is_empty()
+        && !octal_digits.starts_with('0')
+        && octal_digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        format!(
+            "; if you meant the octal mode 0{octal_digits}, write --endpoint-permissions=0{octal_digits}"
+        )
+    } else {
+        String::new()
+    };
+    match u32::try_from(value) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ if value < 0 => Err(format!(
+            "{text} is negative, not a file mode between 0 and 0o777"
+        )),
+        _ => Err(format!(
+            "{text} reads as {value} (0o{value:o}) the way Go's flag.Int reads it (leading 0: \
+             octal, 0x: hex, else decimal), which is not a file mode between 0 and 0o777 \
+             (511){also}"
+        )),
+    }
+}
+
+/// A port flag: Go's integer reading, then a TCP port.
+fn go_port(text: &str) -> Result<u16, String> {
+    let value = go_int(text)?;
+    u16::try_from(value)
+        .map_err(|_| format!("{text} reads as {value}, which is not a port (0 to 65535)"))
 }
 
 /// Rewrites Go-style `-name[=value]` into `--name[=value]` for the flags we know, leaving
@@ -166,7 +279,7 @@ mod tests {
         assert_eq!(f.metrics_port, Some(9001));
         assert_eq!(f.pprof_port, Some(6061));
         assert_eq!(f.enable_pprof, Some(true));
-        assert_eq!(f.endpoint_permissions.as_deref(), Some("0660"));
+        assert_eq!(f.endpoint_permissions, Some(0o660));
 
         let f = parse(&["--enable-pprof", "--log-format", "json"]).unwrap();
         assert_eq!(f.enable_pprof, Some(true));
@@ -175,6 +288,137 @@ mod tests {
             parse(&["-enable-pprof=false"]).unwrap().enable_pprof,
             Some(false)
         );
+    }
+
+    #[test]
+    fn integers_read_as_gos_flag_int_reads_them() {
+        for (text, value) in [
+            ("384", 384),
+            ("0600", 0o600),
+            ("0", 0),
+            ("00", 0),
+            ("0x180", 0x180),
+            ("0X1a", 0x1a),
+            ("0o660", 0o660),
+            ("0O660", 0o660),
+            ("0b110", 6),
+            ("+12", 12),
+            ("-12", -12),
+            ("1_000", 1000),
+            ("0x_1f", 0x1f),
+            ("0_600", 0o600),
+            ("-9223372036854775808", i64::MIN),
+        ] {
+            assert_eq!(go_int(text), Ok(value), "{text}");
+        }
+        for text in [
+            "",
+            "-",
+            "08",
+            "0x",
+            "0o",
+            "0b2",
+            "1__0",
+            "_1",
+            "1_",
+            "0x_",
+            "1e3",
+            " 1",
+            "1.0",
+            "9223372036854775808",
+            "0600 ",
+        ] {
+            assert!(go_int(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn the_go_charts_rendered_permissions_mean_what_they_meant_to_go() {
+        // The Go chart's `endpointPermissions: 0600` renders through Helm's YAML 1.1 as
+        // --endpoint-permissions=384; `0660` as 432.
+        assert_eq!(
+            parse(&["--endpoint-permissions=384"])
+                .unwrap()
+                .endpoint_permissions,
+            Some(0o600)
+        );
+        assert_eq!(
+            parse(&["--endpoint-permissions=432"])
+                .unwrap()
+                .endpoint_permissions,
+            Some(0o660)
+        );
+        assert_eq!(
+            parse(&["-endpoint-permissions", "0660"])
+                .unwrap()
+                .endpoint_permissions,
+            Some(0o660)
+        );
+        assert_eq!(
+            parse(&["--endpoint-permissions=0x1b0"])
+                .unwrap()
+                .endpoint_permissions,
+            Some(0o660)
+        );
+        // The Go chart's whole default argument list parses.
+        let f = parse(&[
+            "--endpoint=unix:///opt/provider/sockets/oci.sock",
+            "--endpoint-permissions=384",
+            "--healthz-port=8098",
+            "--metrics-port=8198",
+            "--metrics-backend=prometheus",
+            "--enable-pprof=true",
+            "--pprof-port=6060",
+        ])
+        .unwrap();
+        assert_eq!(f.endpoint_permissions, Some(0o600));
+        assert_eq!(
+            (f.healthz_port, f.metrics_port, f.pprof_port),
+            (Some(8098), Some(8198), Some(6060))
+        );
+        assert_eq!(f.overrides()[1].2, Value::from("0600".to_owned()));
+    }
+
+    #[test]
+    fn modes_above_0777_are_refused_naming_both_readings() {
+        let err = parse(&["--endpoint-permissions=600"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--endpoint-permissions"), "{err}");
+        assert!(err.contains("600 reads as 600 (0o1130)"), "{err}");
+        assert!(err.contains("octal mode 0600"), "{err}");
+        let err = parse(&["--endpoint-permissions=01777"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1023 (0o1777)"), "{err}");
+        assert!(!err.contains("if you meant"), "{err}");
+        let err = parse(&["--endpoint-permissions=-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("negative"), "{err}");
+        let err = parse(&["--endpoint-permissions=rw-------"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not an integer as Go's flag.Int reads it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn ports_read_as_go_reads_them() {
+        assert_eq!(
+            parse(&["--healthz-port=0x1f92"]).unwrap().healthz_port,
+            Some(8082)
+        );
+        assert_eq!(
+            parse(&["--metrics-port=017"]).unwrap().metrics_port,
+            Some(15)
+        );
+        let err = parse(&["--pprof-port=65536"]).unwrap_err().to_string();
+        assert!(err.contains("not a port"), "{err}");
+        let err = parse(&["--healthz-port=08098"]).unwrap_err().to_string();
+        assert!(err.contains("--healthz-port"), "{err}");
     }
 
     #[test]
