@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: project chores that are easier in Rust than in shell.
 #![allow(clippy::print_stdout)] // reason: a command-line tool reporting to its user
 
+mod compat;
 mod demo;
 mod deps;
 mod procs;
@@ -16,6 +17,9 @@ commands:
   soak [options]     benchmark: many mounts through the socket against the emulator
                      (its own process), reporting mounts/s, latency, RSS slope, connections
                      and upstream requests per mount; `cargo xtask soak --help`
+  compat [options]   the real grpc-go client against the provider and the emulator, dialled
+                     as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
+                     Mount latency p50/p99 per mode; `cargo xtask compat --help`
   check-deps         fail if the dependency graph has a second crypto or TLS stack
                      (ring, openssl, openssl-sys, native-tls, reqwest, rsa) or duplicate major
                      versions of tonic, hyper, rustls, tower, tower-http, prost, aws-lc-rs
@@ -27,6 +31,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
         Some("soak") => soak::run(rest),
+        Some("compat") => compat::run(rest),
         Some("check-deps") => deps::check(),
         Some("help" | "--help" | "-h") | None => {
             eprint!("{USAGE}");
