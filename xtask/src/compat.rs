@@ -1,19 +1,17 @@
 //! `cargo xtask compat`: the real grpc-go client against the provider and the emulator.
 //!
-//! Builds `crates/csi-grpc/tests/grpc-go/driverclient.go` with Debian's grpc-go (as the
-//! csi-grpc tests do), starts the emulator and the provider as processes, and mounts
+//! Builds the testkit's grpc-go driver client (`crates/testkit/driver/driverclient.go`, as
+//! the tests do), starts the emulator and the provider as processes, and mounts
 //! through the socket dialled as drivers v1.0 to v1.5.x dial (the socket path as
 //! `:authority`, rewritten by `h2-authority`) and as v1.6.0 dials (`localhost`), in
 //! alternating rounds on one connection each. Reports Mount latency p50/p99 per mode.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::procs::{Emulator, Provider, build, root};
-
-const GOPATH: &str = "/usr/share/gocode";
 
 struct Options {
     mounts: usize,
@@ -70,29 +68,11 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let bin = build(options.release)?;
     let dir = root().join("target").join("compat");
     std::fs::create_dir_all(&dir)?;
-    let client = build_client(&dir)?;
+    let client = testkit::DriverClient::build_into(&dir.join("grpc-go"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(compat(&bin, &dir, &client, &options))
-}
-
-fn build_client(dir: &Path) -> anyhow::Result<PathBuf> {
-    let binary = dir.join("driverclient");
-    let status = std::process::Command::new("go")
-        .arg("build")
-        .arg("-o")
-        .arg(&binary)
-        .arg(root().join("crates/csi-grpc/tests/grpc-go/driverclient.go"))
-        .env("GO111MODULE", "off")
-        .env("GOPATH", GOPATH)
-        .env("GOCACHE", dir.join("go-cache"))
-        .status()
-        .context("cannot run go (apt-get install golang-go golang-google-grpc-dev)")?;
-    if !status.success() {
-        bail!("go build of the driver client failed");
-    }
-    Ok(binary)
 }
 
 /// Two pods of the demo seed, one per principal, as the driver sends them.
@@ -125,7 +105,12 @@ fn fixture(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn compat(bin: &Path, dir: &Path, client: &Path, options: &Options) -> anyhow::Result<()> {
+async fn compat(
+    bin: &Path,
+    dir: &Path,
+    client: &testkit::DriverClient,
+    options: &Options,
+) -> anyhow::Result<()> {
     let emulator = Emulator::start(
         bin,
         &root().join("xtask/demo/seed.toml"),
@@ -149,7 +134,7 @@ async fn compat(bin: &Path, dir: &Path, client: &Path, options: &Options) -> any
 }
 
 async fn rounds(
-    client: &Path,
+    client: &testkit::DriverClient,
     socket: &Path,
     fixture: &Path,
     options: &Options,
@@ -162,21 +147,14 @@ async fn rounds(
     println!("|---|---|---|---|---|---|");
     for round in 1..=options.rounds {
         for &(dial, driver) in &options.dials {
-            let output = tokio::process::Command::new(client)
-                .arg("-socket")
-                .arg(socket)
-                .arg("-fixture")
-                .arg(fixture)
-                .args(["-dial", dial, "-keep", "0"])
-                .args(["-repeat", &(options.mounts / 2).to_string()])
-                .output()
-                .await?;
-            let summary: Value = serde_json::from_slice(&output.stdout).with_context(|| {
-                format!(
-                    "driver client output: {}",
-                    String::from_utf8_lossy(&output.stderr)
+            let repeat = (options.mounts / 2).to_string();
+            let (summary, _) = client
+                .run(
+                    socket,
+                    fixture,
+                    &["-dial", dial, "-keep", "0", "-repeat", &repeat],
                 )
-            })?;
+                .await?;
             let failures = summary["failures"].as_array().map_or(0, Vec::len);
             println!(
                 "| {round} | {dial} ({driver}) | {} | {failures} | {} | {} |",

@@ -33,6 +33,7 @@
 //! ```
 
 mod crypto;
+mod driver;
 mod faults;
 mod handlers;
 mod pki;
@@ -56,6 +57,7 @@ use tokio::sync::oneshot;
 pub use auth::{Clock, ManualClock, SharedClock, SystemClock};
 
 pub use crate::crypto::api_key_fingerprint;
+pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
 pub use crate::seed::{
     Access, Content, InstanceSeed, KubeSecretSeed, Lifetimes, STAGES, SecretSeed, Seed,

@@ -1,11 +1,11 @@
 //! The real grpc-go library against our socket, dialled as each driver version dials:
 //! the socket path as `:authority` (drivers v1.0 to v1.5.x) and `localhost` (v1.6.0).
-//! The client is `tests/grpc-go/driverclient.go`, built here with Debian's
-//! `golang-go` + `golang-google-grpc-dev` (offline, GOPATH mode); `.ci/run` installs them.
+//! The client is the testkit's `driver/driverclient.go`, built with Debian's `golang-go` +
+//! `golang-google-grpc-dev` (offline, GOPATH mode); `.ci/run` installs them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use secrets_store_csi_grpc::{
@@ -13,53 +13,12 @@ use secrets_store_csi_grpc::{
     ObjectVersion,
 };
 use serde_json::Value;
+use testkit::{DriverClient, fnv1a};
 
 use crate::support::start;
 
-const GOPATH: &str = "/usr/share/gocode";
-
-/// The built client, or `None` where Go or grpc-go is missing and the test may be skipped
-/// (never on CI: `.ci/run` installs them and sets `CI`).
-fn driver_client() -> Option<PathBuf> {
-    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let have_go = Command::new("go").arg("version").output().is_ok();
-            let have_grpc = Path::new(GOPATH).join("src/google.golang.org/grpc").is_dir();
-            if !have_go || !have_grpc {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "grpc-go compat tests need Debian's golang-go and golang-google-grpc-dev \
-                     (go found: {have_go}, grpc-go found: {have_grpc})"
-                );
-                eprintln!(
-                    "SKIPPED: grpc-go compat test (install golang-go golang-google-grpc-dev to run it)"
-                );
-                return None;
-            }
-            let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-go");
-            std::fs::create_dir_all(&out_dir).unwrap();
-            let binary = out_dir.join("driverclient");
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc-go/driverclient.go");
-            let output = Command::new("go")
-                .arg("build")
-                .arg("-o")
-                .arg(&binary)
-                .arg(&source)
-                .env("GO111MODULE", "off")
-                .env("GOPATH", GOPATH)
-                .env("GOCACHE", out_dir.join("cache"))
-                .env("GOFLAGS", "")
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success(),
-                "go build failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-            Some(binary)
-        })
-        .clone()
+fn driver_client() -> Option<DriverClient> {
+    DriverClient::for_tests(env!("CARGO_TARGET_TMPDIR"))
 }
 
 fn fixture_path(version: &str) -> PathBuf {
@@ -87,12 +46,6 @@ struct Seen {
 /// lost, repeated or reordered on the way shows.
 fn pattern(size: usize) -> Vec<u8> {
     (0..size).map(|i| (i * 31 % 251) as u8).collect()
-}
-
-fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(2_166_136_261u32, |h, &b| {
-        (h ^ u32::from(b)).wrapping_mul(16_777_619)
-    })
 }
 
 type Recorder = Arc<Mutex<Vec<Seen>>>;
@@ -161,27 +114,17 @@ fn expected(request: &Value) -> Seen {
 }
 
 /// Runs the Go client on `socket` with `fixture` and returns its summary.
-async fn run_client(binary: &Path, socket: &Path, version: &str, args: &[&str]) -> Value {
-    let output = tokio::process::Command::new(binary)
-        .arg("-socket")
-        .arg(socket)
-        .arg("-fixture")
-        .arg(fixture_path(version))
-        .args(args)
-        .output()
+async fn run_client(client: &DriverClient, socket: &Path, version: &str, args: &[&str]) -> Value {
+    let (summary, ok) = client
+        .run(socket, &fixture_path(version), args)
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "driver client ({version}) failed: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap()
+    assert!(ok, "driver client ({version}) failed: {summary}");
+    summary
 }
 
 async fn replay(version: &str, repeat: usize) {
-    let Some(binary) = driver_client() else {
+    let Some(client) = driver_client() else {
         return;
     };
     let seen = Recorder::default();
@@ -193,7 +136,7 @@ async fn replay(version: &str, repeat: usize) {
     let fx = fixture(version);
     let requests = fx["requests"].as_array().unwrap();
     let summary = run_client(
-        &binary,
+        &client,
         &server.path,
         version,
         &["-repeat", &repeat.to_string()],
@@ -283,7 +226,7 @@ async fn driver_v1_6_with_localhost_many_mounts_on_one_connection() {
 
 #[tokio::test]
 async fn a_v1_6_request_dialled_with_the_socket_path_works_too() {
-    let Some(binary) = driver_client() else {
+    let Some(client) = driver_client() else {
         return;
     };
     let server = start(
@@ -291,7 +234,7 @@ async fn a_v1_6_request_dialled_with_the_socket_path_works_too() {
         MountLimits::default(),
         Duration::from_secs(1),
     );
-    let summary = run_client(&binary, &server.path, "v1.6", &["-dial", "socket-path"]).await;
+    let summary = run_client(&client, &server.path, "v1.6", &["-dial", "socket-path"]).await;
     assert_eq!(summary["authority"], server.path.to_str().unwrap());
     assert_eq!(summary["mounts"], 3);
     server.stop().await;

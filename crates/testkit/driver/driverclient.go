@@ -1,5 +1,6 @@
 // Command driverclient dials a Secrets Store CSI provider the way the driver does and
-// replays request fixtures (tests/fixtures/driver/*.json) over one connection.
+// replays request fixtures (JSON: see crates/csi-grpc/tests/fixtures/driver/) over one
+// connection. Built and run by oci_csi_testkit::DriverClient.
 //
 // It uses the real grpc-go library (Debian's golang-google-grpc-dev, built with
 // GO111MODULE=off GOPATH=/usr/share/gocode), so the HTTP/2 and HPACK bytes on the socket
