@@ -547,3 +547,137 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
         }
     }
 }
+
+/// The real grpc-go library dialled as each driver version dials, against the binary and
+/// the emulator: requests shaped as v1.0 (empty tokens attribute, the provider's own
+/// TokenRequest), v1.1 to v1.5 (kubelet tokens, the rotation reconciler's object versions)
+/// and v1.6 (tokens in the NodePublish secrets) mount the real secrets.
+#[tokio::test]
+async fn grpc_go_mounts_real_files_dialled_as_every_driver_version() {
+    let Some(driver) = testkit::DriverClient::for_tests(env!("CARGO_TARGET_TMPDIR")) else {
+        return;
+    };
+    let emu = emulator(1).await;
+    let provider = provider(&emu, &[], &[]).await;
+    let uid = "00000000-0000-0000-0000-000000000001";
+    let token = emu
+        .issue_service_account_token(
+            NAMESPACE,
+            "sa-0",
+            Duration::from_secs(3600),
+            Some(("pod-1", uid)),
+        )
+        .unwrap();
+    let tokens =
+        json!({"": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}}).to_string();
+    let spc = |auth_type: &str| {
+        json!({
+            "secrets": TWO_SECRETS,
+            "vaultId": VAULT,
+            "authType": auth_type,
+            "csi.storage.k8s.io/pod.name": "pod-1",
+            "csi.storage.k8s.io/pod.namespace": NAMESPACE,
+            "csi.storage.k8s.io/pod.uid": uid,
+            "csi.storage.k8s.io/serviceAccount.name": "sa-0",
+        })
+    };
+    let with = |mut attributes: serde_json::Value, extra: serde_json::Value| {
+        for (k, v) in extra.as_object().unwrap() {
+            attributes[k] = v.clone();
+        }
+        attributes
+    };
+    let kubelet = json!({"secretProviderClass": "e2e", "csi.storage.k8s.io/ephemeral": "false"});
+    let request = |name: &str, attributes: serde_json::Value, secrets: serde_json::Value| {
+        json!({
+            "name": name,
+            "attributes": attributes,
+            "secrets": secrets,
+            "target_path": "/var/lib/kubelet/pods/1/volumes/kubernetes.io~csi/s/mount",
+            "permission": "420",
+        })
+    };
+    let mut rotation = request(
+        "v1.5 rotation reconciler",
+        with(
+            spc("workload"),
+            json!({"csi.storage.k8s.io/serviceAccount.tokens": tokens}),
+        ),
+        json!({}),
+    );
+    rotation["current_object_version"] =
+        json!([{"id": "ocid1.vaultsecret.oc1.iad.db", "version": "1"}]);
+    let before_v1_6 = json!({"dial": "socket-path", "requests": [
+        request(
+            "v1.0 NodePublishVolume",
+            with(spc("workload"), json!({"csi.storage.k8s.io/serviceAccount.tokens": ""})),
+            serde_json::Value::Null,
+        ),
+        request(
+            "v1.3 NodePublishVolume, kubelet tokens",
+            with(with(spc("workload"), kubelet.clone()), json!({"csi.storage.k8s.io/serviceAccount.tokens": tokens})),
+            serde_json::Value::Null,
+        ),
+        rotation,
+        request("v1.4 instance principal", with(spc("instance"), kubelet.clone()), serde_json::Value::Null),
+    ]});
+    let v1_6 = json!({"dial": "localhost", "requests": [
+        request(
+            "v1.6 NodePublishVolume, Kubernetes 1.35 tokens in the secrets",
+            with(with(spc("workload"), kubelet.clone()), json!({"csi.storage.k8s.io/serviceAccount.tokens": tokens})),
+            json!({"csi.storage.k8s.io/serviceAccount.tokens": tokens}),
+        ),
+        request("v1.6 instance principal", with(spc("instance"), kubelet), serde_json::Value::Null),
+    ]});
+    let dir = tempfile::tempdir().unwrap();
+    for (label, fixture) in [("before v1.6", before_v1_6), ("v1.6", v1_6)] {
+        let path = dir.path().join("fixture.json");
+        std::fs::write(&path, fixture.to_string()).unwrap();
+        let (summary, ok) = driver
+            .run(&provider.socket, &path, &["-repeat", "5"])
+            .await
+            .unwrap();
+        assert!(ok, "{label}: {summary}");
+        let results = summary["results"].as_array().unwrap();
+        assert_eq!(
+            results.len(),
+            fixture["requests"].as_array().unwrap().len() * 5
+        );
+        for result in results {
+            let files: Vec<_> = result["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    (
+                        f["path"].as_str().unwrap(),
+                        f["size"].as_u64().unwrap(),
+                        f["checksum"].as_u64().unwrap() as u32,
+                        f["mode"].as_i64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                files,
+                [
+                    (
+                        "db-password",
+                        SECRET_BYTES.len() as u64,
+                        testkit::fnv1a(SECRET_BYTES.as_bytes()),
+                        420
+                    ),
+                    (
+                        "tls/key.bin",
+                        5,
+                        testkit::fnv1a(&[0, 159, 146, 150, 255]),
+                        420
+                    ),
+                ],
+                "{label}: {}",
+                result["request"]
+            );
+            assert_eq!(result["object_versions"][0]["version"], "2");
+        }
+    }
+    assert!(provider.terminate().await.status.success());
+}

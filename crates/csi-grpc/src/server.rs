@@ -255,9 +255,20 @@ where
                 ),
             ));
         }
+        if size > SYNC_WARNING_BYTES {
+            // What the driver warns about too: a Kubernetes Secret synced from these files
+            // (secretObjects) cannot hold more than 1 MiB.
+            tracing::warn!(
+                bytes = size,
+                "the mounted files exceed 1 MiB; a Kubernetes Secret synced from them would exceed its size limit"
+            );
+        }
         Ok(out)
     }
 }
+
+/// Above this the driver logs a warning (Kubernetes Secrets hold at most 1 MiB).
+const SYNC_WARNING_BYTES: usize = 1024 * 1024;
 
 #[tonic::async_trait]
 impl<S> CsiDriverProvider for CsiProvider<S>
