@@ -206,12 +206,12 @@ fn go_mode(text: &str) -> Result<u32, String> {
     match u32::try_from(value) {
         Ok(mode) if mode <= 0o777 => Ok(mode),
         _ if value < 0 => Err(format!(
-            "{text} is negative, not a file mode between 0 and 0o777"
+            "{text} is negative, not a file mode between 0 and 0o777 for server.endpoint_permissions"
         )),
         _ => Err(format!(
             "{text} reads as {value} (0o{value:o}) the way Go's flag.Int reads it (leading 0: \
              octal, 0x: hex, else decimal), which is not a file mode between 0 and 0o777 \
-             (511){also}"
+             (511) for server.endpoint_permissions{also}"
         )),
     }
 }
