@@ -3,6 +3,8 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use serde_json::{Map, Value};
 
 /// The claims of a JWT, after checking it has three parts and that its header and payload
@@ -31,18 +33,25 @@ fn object(part: &str) -> Result<Map<String, Value>, ()> {
     }
 }
 
-/// The numeric `exp` claim in whole seconds since the epoch.
-pub(crate) fn exp(claims: &Map<String, Value>) -> Result<u64, &'static str> {
+/// The latest `exp` accepted: the year 9999. Anything later is no real expiry, and its
+/// `SystemTime` arithmetic could overflow.
+const MAX_EXP_SECS: u64 = 253_402_300_799;
+
+/// The numeric `exp` claim as a time, whole seconds since the epoch.
+pub(crate) fn exp(claims: &Map<String, Value>) -> Result<SystemTime, &'static str> {
     let exp = claims
         .get("exp")
         .and_then(Value::as_f64)
         .ok_or("it has no numeric exp claim")?;
-    if !exp.is_finite() || exp < 0.0 {
+    if !exp.is_finite() || exp < 0.0 || exp > MAX_EXP_SECS as f64 {
         return Err("its exp claim is out of range");
     }
     // Truncation is intended: expiry is compared in whole seconds.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // reason: checked above
-    Ok(exp as u64)
+    let secs = exp as u64;
+    UNIX_EPOCH
+        .checked_add(Duration::from_secs(secs))
+        .ok_or("its exp claim is out of range")
 }
 
 /// A string claim at a JSON pointer, e.g. `/kubernetes.io/serviceaccount/uid`.
@@ -73,7 +82,7 @@ mod tests {
             r#"{"exp":1700000000,"kubernetes.io":{"serviceaccount":{"uid":"u-1"}}}"#,
         ))
         .unwrap();
-        assert_eq!(exp(&c), Ok(1_700_000_000));
+        assert_eq!(exp(&c), Ok(UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
         assert_eq!(
             string_at(&c, &["kubernetes.io", "serviceaccount", "uid"]).as_deref(),
             Some("u-1")
@@ -87,5 +96,15 @@ mod tests {
         assert!(claims(&format!("{}.e30.s", URL_SAFE_NO_PAD.encode("[]"))).is_err());
         let c = claims(&token(r#"{"exp":"soon"}"#)).unwrap();
         assert_eq!(exp(&c), Err("it has no numeric exp claim"));
+    }
+
+    #[test]
+    fn an_exp_beyond_any_clock_is_out_of_range_not_a_panic() {
+        for exp_claim in ["1e300", "1.8446744073709552e19", "253402300800", "-1"] {
+            let c = claims(&token(&format!(r#"{{"exp":{exp_claim}}}"#))).unwrap();
+            assert_eq!(exp(&c), Err("its exp claim is out of range"), "{exp_claim}");
+        }
+        let c = claims(&token(r#"{"exp":253402300799}"#)).unwrap();
+        assert!(exp(&c).is_ok());
     }
 }

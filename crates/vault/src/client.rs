@@ -168,7 +168,9 @@ where
             }
             let retry_after = error.retry_after_secs().map(Duration::from_secs);
             let delay = self.retry.delay(attempts, retry_after, unit_random());
-            if now + delay >= deadline {
+            // A Retry-After near u64::MAX seconds cannot be added to a clock: it is past
+            // any deadline.
+            if now.checked_add(delay).is_none_or(|at| at >= deadline) {
                 return Err(self.give_up(attempts, Stopped::Deadline, error));
             }
             tracing::debug!(
@@ -521,6 +523,30 @@ mod tests {
                 .contains("the next attempt would start after the deadline"),
             "{error}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_beyond_any_clock_gives_up_instead_of_overflowing() {
+        let throttled = reply(
+            429,
+            &[("retry-after", "18446744073709551615")],
+            r#"{"code":"TooManyRequests","message":"slow down"}"#,
+        );
+        let script = Script::new(vec![throttled]);
+        let error = script
+            .client(RetryPolicy::default())
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap_err();
+        assert_eq!(script.times().len(), 1);
+        assert_eq!(error.kind(), ErrorKind::ResourceExhausted, "{error}");
+        assert!(matches!(
+            error,
+            VaultError::Exhausted {
+                stopped: Stopped::Deadline,
+                ..
+            }
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 //! federated for a session token bound to a fresh session key; one per process.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -209,7 +209,7 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
         .and_then(|t| t.as_str())
         .ok_or_else(|| malformed("no token member"))?;
     let claims = jwt::claims(token).map_err(malformed)?;
-    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(malformed)?);
+    let exp = jwt::exp(&claims).map_err(malformed)?;
     tracing::info!("federated the instance principal for a session token");
     Ok(Session {
         key: SigningKey::new(KeyId::security_token(token), session),

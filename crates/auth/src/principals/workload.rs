@@ -2,7 +2,7 @@
 //! proxymux for an RPST bound to a fresh session key; cached per identity.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -65,7 +65,7 @@ fn check_token(
         reason,
     };
     let claims = jwt::claims(token.expose_secret()).map_err(invalid)?;
-    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(invalid)?);
+    let exp = jwt::exp(&claims).map_err(invalid)?;
     if !fresh(exp, now) {
         return Err(invalid("it expires within five minutes or has expired"));
     }
@@ -339,7 +339,7 @@ async fn exchange(
         .get(3..)
         .ok_or_else(|| malformed("the token is not text"))?;
     let claims = jwt::claims(rpst).map_err(malformed)?;
-    let exp = UNIX_EPOCH + Duration::from_secs(jwt::exp(&claims).map_err(malformed)?);
+    let exp = jwt::exp(&claims).map_err(malformed)?;
     if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
         return Err(malformed("the token has no res_tenant claim"));
     }

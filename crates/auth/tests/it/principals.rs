@@ -700,6 +700,11 @@ async fn a_locally_invalid_service_account_token_makes_no_proxymux_call() {
         ("a.b.c".to_owned(), "base64url json"),
         (expiring, "expires within five minutes"),
         (other_sa, "another service account"),
+        // {"exp":1e300}: once an overflow of UNIX_EPOCH + Duration, now a specific error.
+        (
+            "eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjFlMzAwfQ.sig".to_owned(),
+            "exp claim is out of range",
+        ),
     ] {
         let error = fx
             .principals
