@@ -268,40 +268,67 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
     message
 }
 
+/// The longest failure message: it ends up in a pod event, and the driver logs it whole.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
 fn combine(
     params: &MountParameters,
     mut failures: Vec<(usize, vault::VaultError)>,
     abandoned: usize,
     identity: &auth::Identity,
 ) -> MountError {
-    failures.sort_by_key(|(index, _)| *index);
+    // The most actionable failures first, then in request order.
+    failures.sort_by_key(|(index, e)| (rank(vault_kind(e)), *index));
     let kind = failures
-        .iter()
+        .first()
         .map(|(_, e)| vault_kind(e))
-        .min_by_key(|k| rank(*k))
         .unwrap_or(ErrorKind::Internal);
-    let causes: Vec<String> = failures
-        .iter()
-        .map(|(index, err)| {
-            format!(
-                "secrets[{index}] {:?}: {}",
-                params.secrets[*index].name,
-                chain(err)
-            )
-        })
-        .collect();
     let mut message = format!(
-        "unable to retrieve secrets as {identity}: {} of {} failed: {}",
+        "unable to retrieve secrets as {identity}: {} of {} failed: ",
         failures.len(),
         params.secrets.len(),
-        causes.join("; ")
     );
+    let mut tail = String::new();
     if abandoned > 0 {
-        message.push_str(&format!(
-            " ({abandoned} not fetched after a permanent failure)"
-        ));
+        tail = format!(" ({abandoned} not fetched after a permanent failure)");
     }
+    // Room for "; ... and N more" and the tail.
+    let budget = MAX_MESSAGE_BYTES.saturating_sub(tail.len() + 32);
+    let mut listed = 0;
+    for (index, err) in &failures {
+        let cause = format!(
+            "secrets[{index}] {:?}: {}",
+            params.secrets[*index].name,
+            chain(err)
+        );
+        let separator = if listed == 0 { "" } else { "; " };
+        if message.len() + separator.len() + cause.len() > budget {
+            if listed == 0 {
+                // Even one cause is too long: keep its start.
+                let room = budget.saturating_sub(message.len());
+                message.push_str(truncate_at_char(&cause, room));
+                listed = 1;
+            }
+            break;
+        }
+        message.push_str(separator);
+        message.push_str(&cause);
+        listed += 1;
+    }
+    if listed < failures.len() {
+        message.push_str(&format!("; ... and {} more", failures.len() - listed));
+    }
+    message.push_str(&tail);
     MountError::new(kind, message)
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate_at_char(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn assemble(

@@ -68,8 +68,8 @@ impl TransportConfig {
     }
 }
 
-/// An HTTP CONNECT proxy for OCI hosts.
-#[derive(Clone, Debug)]
+/// An HTTP CONNECT proxy for OCI hosts. `Debug` never shows the credentials.
+#[derive(Clone)]
 pub struct Proxy {
     /// `host:port` of the proxy.
     pub authority: String,
@@ -77,6 +77,19 @@ pub struct Proxy {
     pub basic_auth: Option<String>,
     /// `NO_PROXY` entries: `*`, host names (a leading `.` or `*.` matches subdomains), IPs.
     pub no_proxy: Vec<String>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("authority", &self.authority)
+            .field(
+                "basic_auth",
+                &self.basic_auth.as_ref().map(|_| "[redacted]"),
+            )
+            .field("no_proxy", &self.no_proxy)
+            .finish()
+    }
 }
 
 impl Proxy {
@@ -176,5 +189,30 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(bare.authority, "proxy:80");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_proxy_credentials() {
+        let proxy = Proxy::from_env(|k| {
+            (k == "HTTPS_PROXY").then(|| "http://alice:s3cr3t-pw@proxy.local:3128".to_owned())
+        })
+        .unwrap()
+        .unwrap();
+        let encoded = proxy.basic_auth.clone().unwrap();
+        let config = TransportConfig {
+            proxy: Some(proxy.clone()),
+            ..TransportConfig::default()
+        };
+        for text in [
+            format!("{proxy:?}"),
+            format!("{proxy:#?}"),
+            format!("{config:?}"),
+        ] {
+            assert!(text.contains("proxy.local:3128"), "{text}");
+            assert!(text.contains("[redacted]"), "{text}");
+            assert!(!text.contains(&encoded), "{text}");
+            assert!(!text.contains("s3cr3t"), "{text}");
+            assert!(!text.contains("alice"), "{text}");
+        }
     }
 }

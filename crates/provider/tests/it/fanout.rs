@@ -190,6 +190,36 @@ async fn several_failures_are_all_named_and_the_code_follows_the_precedence() {
 }
 
 #[tokio::test]
+async fn the_failure_message_is_capped_and_lists_the_most_actionable_first() {
+    // 200 transient failures with long names, one throttled among the last: the message
+    // stays under 4 KiB, starts with the throttled secret (ResourceExhausted outranks
+    // Unavailable) and says how many it left out.
+    let names: Vec<String> = (0..200)
+        .map(|i| format!("secret-with-a-long-name-{i:03}-{}", "x".repeat(40)))
+        .collect();
+    let mut vault = Vault::default();
+    for (i, name) in names.iter().enumerate() {
+        let status = if i == 190 { 429 } else { 503 };
+        vault = vault.with(name, Behaviour::Status(status));
+    }
+    let secrets: String = names.iter().map(|n| format!("- name: {n}\n")).collect();
+    let err = mount(mount_service(vault), &secrets).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    let message = err.message();
+    assert!(message.len() <= 4096, "{} bytes", message.len());
+    assert!(
+        message.contains("200 of 200 failed: secrets[190]"),
+        "{message}"
+    );
+    let listed = message.matches("secrets[").count();
+    assert!(listed > 5, "{message}");
+    assert!(
+        message.ends_with(&format!("; ... and {} more", 200 - listed)),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn a_permanent_failure_cancels_the_other_fetches() {
     let vault = Vault::default()
         .with("slow", Behaviour::Hang)
