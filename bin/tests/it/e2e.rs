@@ -681,3 +681,48 @@ async fn grpc_go_mounts_real_files_dialled_as_every_driver_version() {
     }
     assert!(provider.terminate().await.status.success());
 }
+
+/// A tenant's config Secret cannot make the provider connect where it likes: the region
+/// `a@127.0.0.1:PORT` once became `https://secrets.a@127.0.0.1:PORT`. Now it is
+/// InvalidArgument before any connection: a listener on that port sees nobody, the
+/// emulator's Secrets API no call, and the transport no such host.
+#[tokio::test]
+async fn a_tenants_region_cannot_choose_where_the_provider_connects() {
+    let bait = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    bait.set_nonblocking(true).unwrap();
+    let port = bait.local_addr().unwrap().port();
+    let config = format!(
+        "auth:\n  region: \"a@127.0.0.1:{port}\"\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: 00:00\n"
+    );
+    let seed = seed(1).kube_secret(
+        testkit::KubeSecretSeed::new(NAMESPACE, "evil-config")
+            .data("config", config)
+            .data("private-key", auth_data("rsa-pkcs1.pem")),
+    );
+    let emu = Emulator::start(seed, Arc::new(SystemClock)).await.unwrap();
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    let mut evil = request("user", "sa-0", 1, TWO_SECRETS);
+    evil.attributes = evil.attributes.replace("\"oci-config\"", "\"evil-config\"");
+    assert!(evil.attributes.contains("evil-config"));
+    let status = client.mount(evil).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("is not a region this provider knows"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        matches!(bait.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing connected to the tenant's port"
+    );
+    assert_eq!(emu.stats().arrived(Endpoint::Secrets), 0);
+    let metrics = provider.metrics().await;
+    assert!(
+        !metrics.contains(&format!(":{port}")),
+        "no such host in the metrics"
+    );
+    assert!(provider.terminate().await.status.success());
+}

@@ -131,6 +131,15 @@ pub enum RegionError {
     /// The region is empty or contains whitespace (the Go provider's message).
     #[error("region can not be empty or have spaces: {0:?}")]
     Invalid(String),
+    /// A region a tenant supplied (in a user principal's config Secret) that is not in
+    /// the built-in table nor in the operator's region metadata.
+    #[error(
+        "region {0:?} is not a region this provider knows: a region from a tenant must be an \
+         OCI region id (us-ashburn-1) or short code (iad) of the built-in table, or one the \
+         node's operator added with OCI_REGION_METADATA or a regions-config.json file; host \
+         names, ports and user info are never accepted"
+    )]
+    Unknown(String),
     /// `OCI_REGION_METADATA` is not one region object with the four required members.
     #[error("invalid region metadata (OCI_REGION_METADATA): {0}")]
     Metadata(String),
@@ -315,7 +324,9 @@ impl Regions {
         )
     }
 
-    /// Resolves a short code, full region id or dotted domain (spec 2.1).
+    /// Resolves a short code, full region id or dotted domain (spec 2.1). For regions the
+    /// operator chose (configuration, instance metadata); a tenant's region goes through
+    /// [`Regions::resolve_known`].
     pub fn resolve(&self, region: &str) -> Result<Region, RegionError> {
         validate(region)?;
         let region = region.to_ascii_lowercase();
@@ -325,29 +336,8 @@ impl Regions {
                 domain: None,
             });
         }
-        let known = REGIONS
-            .iter()
-            .find(|(id, short, _)| *short == region || *id == region);
-        if let Some((id, _, realm)) = known {
-            let domain = REALMS
-                .iter()
-                .find(|(key, _)| key == realm)
-                .map_or(DEFAULT_DOMAIN, |(_, domain)| domain);
-            return Ok(Region {
-                id: (*id).to_owned(),
-                domain: Some(domain.to_owned()),
-            });
-        }
-        let described = self
-            .config_file
-            .iter()
-            .chain(self.metadata.iter())
-            .find(|info| info.knows(&region));
-        if let Some(info) = described {
-            return Ok(Region {
-                id: info.region_identifier.clone(),
-                domain: Some(info.realm_domain_component.clone()),
-            });
+        if let Some(known) = self.lookup(&region) {
+            return Ok(known);
         }
         Ok(Region {
             id: region,
@@ -357,6 +347,51 @@ impl Regions {
                     .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned()),
             ),
         })
+    }
+
+    /// Resolves a region a tenant supplied: only a region of the built-in table or of the
+    /// operator's region metadata, compared lower-cased. Anything else (a dotted name, a
+    /// host, user info, a port, an unknown name) is [`RegionError::Unknown`], so a tenant
+    /// can never choose where the provider connects.
+    pub fn resolve_known(&self, region: &str) -> Result<Region, RegionError> {
+        validate(region)?;
+        let lower = region.to_ascii_lowercase();
+        let plain = lower
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        match self.lookup(&lower) {
+            Some(known) if plain => Ok(known),
+            _ => {
+                // The value comes from a tenant's Secret: quote only its start.
+                let shown: String = region.chars().take(64).collect();
+                Err(RegionError::Unknown(shown))
+            }
+        }
+    }
+
+    /// A region of the built-in table, the regions file or the metadata variable.
+    fn lookup(&self, region: &str) -> Option<Region> {
+        let known = REGIONS
+            .iter()
+            .find(|(id, short, _)| *short == region || *id == region);
+        if let Some((id, _, realm)) = known {
+            let domain = REALMS
+                .iter()
+                .find(|(key, _)| key == realm)
+                .map_or(DEFAULT_DOMAIN, |(_, domain)| domain);
+            return Some(Region {
+                id: (*id).to_owned(),
+                domain: Some(domain.to_owned()),
+            });
+        }
+        self.config_file
+            .iter()
+            .chain(self.metadata.iter())
+            .find(|info| info.knows(region))
+            .map(|info| Region {
+                id: info.region_identifier.clone(),
+                domain: Some(info.realm_domain_component.clone()),
+            })
     }
 }
 

@@ -214,9 +214,10 @@ async fn load(
     ) else {
         return Err(malformed(UserSecretError::Missing(missing)));
     };
+    // The Secret is the tenant's: only a region the provider knows (never a host).
     let region = inner
         .regions
-        .resolve(region)
+        .resolve_known(region)
         .map_err(|e| malformed(UserSecretError::Region(e)))?;
     let passphrase = get("passphrase").map(|p| Zeroizing::new(p.as_bytes().to_vec()));
     let pem = Zeroizing::new(private_key.to_vec());

@@ -362,6 +362,28 @@ async fn malformed_user_secrets_are_specific_invalid_arguments() {
             pem.clone(),
             "region can not be empty or have spaces",
         ),
+        // A tenant cannot point the provider at a host of its choosing.
+        (
+            format!(
+                "auth:\n  region: \"a@127.0.0.1:9\"\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+            ),
+            pem.clone(),
+            "region \"a@127.0.0.1:9\" is not a region this provider knows",
+        ),
+        (
+            format!(
+                "auth:\n  region: evil.example.com\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+            ),
+            pem.clone(),
+            "is not a region this provider knows",
+        ),
+        (
+            format!(
+                "auth:\n  region: xx-nowhere-9\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+            ),
+            pem.clone(),
+            "OCI_REGION_METADATA or a regions-config.json",
+        ),
         (
             user_config(&fp),
             Vec::new(),

@@ -120,3 +120,36 @@ fn malformed_region_metadata_is_an_error() {
     let absent = std::path::Path::new("/nonexistent/regions-config.json");
     assert!(Regions::from_files(None, Some(absent), None).is_ok());
 }
+
+#[test]
+fn a_tenants_region_must_be_one_the_provider_knows() {
+    let metadata = r#"{"realmKey":"OC99","realmDomainComponent":"example99.com","regionKey":"XYZ","regionIdentifier":"xx-new-1"}"#;
+    let file = br#"[{"realmKey":"oc98","realmDomainComponent":"example98.com","regionKey":"abc","regionIdentifier":"yy-file-1"}]"#;
+    let path = std::path::Path::new("regions-config.json");
+    let regions =
+        Regions::new(Some(metadata), Some((path, file)), Some("default.example")).unwrap();
+    for (known, id) in [
+        ("iad", "us-ashburn-1"),
+        ("US-Ashburn-1", "us-ashburn-1"),
+        ("XYZ", "xx-new-1"),
+        ("yy-file-1", "yy-file-1"),
+    ] {
+        assert_eq!(regions.resolve_known(known).unwrap().id(), id, "{known}");
+    }
+    for hostile in [
+        "a@127.0.0.1:9",
+        "secrets.example.com",
+        "us-ashburn-1.evil.example",
+        "127.0.0.1",
+        "iad:443",
+        "zz-unknown-1",
+        "iad/x",
+    ] {
+        let err = regions.resolve_known(hostile).unwrap_err();
+        assert!(matches!(err, RegionError::Unknown(_)), "{hostile}: {err}");
+        assert!(err.to_string().contains("OCI_REGION_METADATA"), "{err}");
+    }
+    // A long value is quoted only in part.
+    let long = "x".repeat(10_000);
+    assert!(regions.resolve_known(&long).unwrap_err().to_string().len() < 600);
+}
