@@ -25,10 +25,16 @@ const RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.1
 const MAX_PBKDF2_ITERATIONS: u32 = 1_000_000;
 
 /// Upper bound on the memory scrypt may need (`128 * r * N` bytes) for an encrypted PKCS#8
-/// key, for the same reason. OpenSSL's default (N = 16384, r = 8) needs 16 MiB.
-const MAX_SCRYPT_MEMORY: u64 = 64 * 1024 * 1024;
+/// key, for the same reason. OpenSSL's default (N = 16384, r = 8) needs 16 MiB, and that is
+/// also the most one tenant's key may make the shared provider allocate.
+const MAX_SCRYPT_MEMORY: u64 = 16 * 1024 * 1024;
 
-/// Upper bound on scrypt's parallelisation parameter `p`, which multiplies the CPU cost.
+/// Upper bound on scrypt's work, `128 * r * N * p` (memory times the parallelisation
+/// parameter, which runs the whole derivation `p` times): OpenSSL's default twice over,
+/// about 0.1 s of one core here.
+const MAX_SCRYPT_WORK: u64 = 2 * MAX_SCRYPT_MEMORY;
+
+/// Upper bound on scrypt's parallelisation parameter `p`.
 const MAX_SCRYPT_PARALLELISM: u16 = 16;
 
 /// Longest PEM label or cipher name we repeat in an error message; longer ones are cut.
@@ -545,14 +551,17 @@ fn check_kdf_cost(kdf: &pbes2::Kdf) -> Result<(), KeyError> {
         let r = u64::from(scrypt.block_size);
         let p = scrypt.parallelization;
         let memory = n.checked_mul(r).and_then(|m| m.checked_mul(128));
+        let work = memory.and_then(|m| m.checked_mul(u64::from(p)));
         let acceptable = n >= 2
             && n.is_power_of_two()
             && r > 0
             && (1..=MAX_SCRYPT_PARALLELISM).contains(&p)
-            && memory.is_some_and(|m| m <= MAX_SCRYPT_MEMORY);
+            && memory.is_some_and(|m| m <= MAX_SCRYPT_MEMORY)
+            && work.is_some_and(|w| w <= MAX_SCRYPT_WORK);
         if !acceptable {
             return Err(KeyError::EncryptionTooExpensive(format!(
-                "scrypt N={n} r={r} p={p} needs more than {MAX_SCRYPT_MEMORY} bytes or is invalid"
+                "scrypt N={n} r={r} p={p} is invalid or needs more than {MAX_SCRYPT_MEMORY} bytes \
+                 of memory or {MAX_SCRYPT_WORK} bytes of work (128 * r * N * p)"
             )));
         }
     }
@@ -622,6 +631,10 @@ mod tests {
             (16384, 8, 0),
             (16384, 8, 1000),
             (u64::MAX, u16::MAX, 1),
+            // Allowed before: 32 MiB of memory, and 16 MiB run 16 times.
+            (32768, 8, 1),
+            (16384, 8, 16),
+            (16384, 8, 3),
         ] {
             assert!(
                 matches!(
@@ -631,6 +644,31 @@ mod tests {
                 "N={n} r={r} p={p}"
             );
         }
+    }
+
+    #[test]
+    fn an_encrypted_key_asking_for_scrypt_n_2_20_is_refused_before_deriving() {
+        use pkcs8::der::Encode as _;
+        // A well-formed ENCRYPTED PRIVATE KEY whose scrypt parameters (N = 2^20, r = 8)
+        // would need 1 GiB: refused at once, whatever the passphrase.
+        let params = pbes2::Parameters {
+            kdf: scrypt(1 << 20, 8, 1),
+            encryption: pbes2::EncryptionScheme::Aes256Cbc { iv: [7; 16] },
+        };
+        let ciphertext = pkcs8::der::asn1::OctetString::new(vec![0u8; 1232]).unwrap();
+        let info = pkcs8::EncryptedPrivateKeyInfo {
+            encryption_algorithm: pkcs5::EncryptionScheme::Pbes2(params),
+            encrypted_data: ciphertext,
+        };
+        let der = info.to_der().unwrap();
+        use base64::Engine as _;
+        let body = base64::engine::general_purpose::STANDARD.encode(&der);
+        let pem = format!(
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\n{body}\n-----END ENCRYPTED PRIVATE KEY-----\n"
+        );
+        let err = PrivateKey::from_pem(pem.as_bytes(), Some(b"any passphrase")).unwrap_err();
+        assert!(matches!(err, KeyError::EncryptionTooExpensive(_)), "{err}");
+        assert!(err.to_string().contains("N=1048576"), "{err}");
     }
 
     #[test]
