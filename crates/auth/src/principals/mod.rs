@@ -497,7 +497,7 @@ impl Credentials for Principals {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + BACKGROUND_BUDGET;
             match identity {
-                Identity::User { .. } => user::signing_key(&self.inner, identity),
+                Identity::User { .. } => user::signing_key(&self.inner, identity, deadline).await,
                 Identity::Workload { .. } => {
                     workload::signing_key(&self.inner, identity, deadline).await
                 }

@@ -87,33 +87,46 @@ pub(super) async fn establish(
         namespace: namespace.to_owned(),
         secret_name: secret_name.to_owned(),
     };
-    let slot = inner
-        .users
-        .slot(&(namespace.to_owned(), secret_name.to_owned()));
-    let ttl = inner.config.user_secret_ttl;
-    let usable = |k: &UserKey| inner.now() < k.loaded + ttl;
-    let loaded = match slot.get().filter(usable) {
-        Some(loaded) => loaded,
-        None => {
-            let _renewing = slot.renewing(request.deadline).await?;
-            match slot.get().filter(usable) {
-                Some(loaded) => loaded,
-                None => {
-                    let loaded = load(inner, namespace, secret_name, request.deadline).await?;
-                    slot.set(Some(loaded.clone()));
-                    loaded
-                }
-            }
-        }
-    };
+    let loaded = cached_or_load(inner, namespace, secret_name, request.deadline).await?;
     Ok(super::Established {
         identity,
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
     })
 }
 
-/// The cached key; a user key is never renewed here (the next mount re-reads the Secret).
-pub(super) fn signing_key(inner: &Inner, identity: &Identity) -> Result<SigningKey, AuthError> {
+/// The key of `namespace/secret_name`: the cached one while younger than the TTL, else the
+/// Secret read again (single flight per Secret).
+async fn cached_or_load(
+    inner: &Inner,
+    namespace: &str,
+    secret_name: &str,
+    deadline: tokio::time::Instant,
+) -> Result<UserKey, AuthError> {
+    let slot = inner
+        .users
+        .slot(&(namespace.to_owned(), secret_name.to_owned()));
+    let ttl = inner.config.user_secret_ttl;
+    let usable = |k: &UserKey| inner.now() < k.loaded + ttl;
+    if let Some(loaded) = slot.get().filter(usable) {
+        return Ok(loaded);
+    }
+    let _renewing = slot.renewing(deadline).await?;
+    if let Some(loaded) = slot.get().filter(usable) {
+        return Ok(loaded);
+    }
+    let loaded = load(inner, namespace, secret_name, deadline).await?;
+    slot.set(Some(loaded.clone()));
+    Ok(loaded)
+}
+
+/// The key to sign with: the cached one within its TTL, else the Secret read again, so a
+/// mount that established just before a 401 dropped the key (or the TTL ran out) signs
+/// with the fresh key instead of failing.
+pub(super) async fn signing_key(
+    inner: &Inner,
+    identity: &Identity,
+    deadline: tokio::time::Instant,
+) -> Result<SigningKey, AuthError> {
     let Identity::User {
         namespace,
         secret_name,
@@ -123,14 +136,9 @@ pub(super) fn signing_key(inner: &Inner, identity: &Identity) -> Result<SigningK
             identity: identity.clone(),
         });
     };
-    inner
-        .users
-        .existing(&(namespace.clone(), secret_name.clone()))
-        .and_then(|slot| slot.get())
-        .map(|k| k.key)
-        .ok_or_else(|| AuthError::NotEstablished {
-            identity: identity.clone(),
-        })
+    Ok(cached_or_load(inner, namespace, secret_name, deadline)
+        .await?
+        .key)
 }
 
 async fn load(

@@ -317,6 +317,47 @@ async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprint
 }
 
 #[tokio::test]
+async fn a_user_key_past_its_ttl_is_read_again_when_signing() {
+    let fx = start(
+        user_seed(
+            &user_config(&user_key().fingerprint()),
+            &fixture("rsa-pkcs1.pem"),
+        ),
+        |_, _| {},
+    )
+    .await;
+    let established = fx.principals.establish(&user_request()).await.unwrap();
+    let reads = fx.emu.stats().arrived(Endpoint::Kube);
+    // The mount established, then took longer than the TTL: the key is not served stale.
+    fx.clock.advance(Duration::from_secs(61));
+    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
+}
+
+#[tokio::test]
+async fn mounts_established_before_a_401_sign_with_the_secret_read_again() {
+    let fx = start(
+        user_seed(
+            &user_config(&user_key().fingerprint()),
+            &fixture("rsa-pkcs1.pem"),
+        ),
+        |_, _| {},
+    )
+    .await;
+    let first = fx.principals.establish(&user_request()).await.unwrap();
+    let second = fx.principals.establish(&user_request()).await.unwrap();
+    // The first mount's request is refused (a key rotated in OCI, say): the cached key is
+    // dropped. The second mount, already past establish, must not fail for that.
+    let error = auth_error(get_by_name(wrong_key(&fx), &fx, &first).await.unwrap_err());
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    let reads = fx.emu.stats().arrived(Endpoint::Kube);
+    let response = get_by_name(own(&fx), &fx, &second).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
+}
+
+#[tokio::test]
 async fn user_secret_missing_is_not_found() {
     let fx = start(base_seed(), |_, _| {}).await;
     let error = fx.principals.establish(&user_request()).await.unwrap_err();
