@@ -158,20 +158,38 @@ async fn sigterm_leaves_a_socket_that_a_successor_bound() {
 }
 
 #[tokio::test]
-async fn a_live_socket_is_not_taken_over() {
-    let provider = Provider::start(&[], &[]).await;
-    let second = Provider::spawn_at(&provider.socket, &[], &[]);
-    let output = second.wait_exit().await;
-    assert!(!output.status.success());
-    assert!(output.stderr.contains("live socket"), "{}", output.stderr);
-    // The first provider still serves.
-    provider
-        .client()
+async fn a_rolling_update_takes_over_the_live_socket_and_the_old_provider_keeps_its_connections() {
+    let old = Provider::start(&[], &[]).await;
+    let mut old_client = old.client().await;
+    old_client.version(VersionRequest::default()).await.unwrap();
+    // The new pod (maxSurge) starts while the old one serves: it takes the path over.
+    let new = old.start_successor(&[], &[]).await;
+    let metrics_before = new.metrics().await;
+    assert!(metrics_before.contains("oci_provider_build_info"));
+    // The old provider still answers on the connection it accepted.
+    old_client.version(VersionRequest::default()).await.unwrap();
+    drop(old_client);
+    let output = old.terminate().await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        output.stderr.contains("now belongs to another process"),
+        "{}",
+        output.stderr
+    );
+    // The path is the new provider's, and it serves.
+    assert!(new.socket.exists());
+    new.client()
         .await
         .version(VersionRequest::default())
         .await
         .unwrap();
-    assert!(provider.terminate().await.status.success());
+    let output = new.terminate().await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        output.stderr.contains("took over the socket path"),
+        "{}",
+        output.stderr
+    );
 }
 
 #[tokio::test]

@@ -105,6 +105,27 @@ impl Provider {
     pub async fn start(args: &[&str], vars: &[(&str, &str)]) -> Provider {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("oci.sock");
+        Self::start_on(socket, dir, args, vars).await
+    }
+
+    /// Starts another provider on this one's socket path (a rolling update's new pod) and
+    /// waits until it reports ready.
+    pub async fn start_successor(&self, args: &[&str], vars: &[(&str, &str)]) -> Provider {
+        Self::start_on(
+            self.socket.clone(),
+            tempfile::tempdir().unwrap(),
+            args,
+            vars,
+        )
+        .await
+    }
+
+    async fn start_on(
+        socket: PathBuf,
+        dir: tempfile::TempDir,
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Provider {
         let (healthz_port, metrics_port) = (free_port(), free_port());
         let mut spawned = Self::spawn_with_ports(&socket, args, vars, healthz_port, metrics_port);
         // Wait for readiness: the process needs a moment to start; bounded, not a fixed sleep.

@@ -70,10 +70,8 @@ impl fmt::Display for Endpoint {
 
 /// Why the provider could not start listening.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
-    /// Another process answers on the socket.
-    #[error("{0} is a live socket: another provider is serving it; refusing to replace it")]
-    LiveSocket(PathBuf),
     /// Something that is not a socket is in the way.
     #[error("{path} exists and is a {what}, not a socket; refusing to delete it")]
     NotASocket {
@@ -115,11 +113,14 @@ pub(crate) enum ListenerKind {
 }
 
 impl Listener {
-    /// Binds `endpoint`. For a Unix socket: a stale socket at the path (connecting is
-    /// refused) is replaced; a live socket, a regular file or a directory is left alone
-    /// and reported. The socket gets `permissions` whatever the process umask: it is bound
-    /// under a temporary name, chmod-ed, then renamed into place, so it is never reachable
-    /// with wider permissions.
+    /// Binds `endpoint`. For a Unix socket, the socket is created in a fresh private
+    /// directory (mode 0700) next to the path, given `permissions` there (whatever the
+    /// umask), and moved onto the path with `rename(2)`: it is never reachable with other
+    /// permissions, and it atomically takes the path over from an existing socket, live or
+    /// stale. During a DaemonSet rolling update with `maxSurge` the new pod so takes over
+    /// from the old one, which keeps serving the connections it accepted and, on exit,
+    /// leaves the path alone because it is no longer its own. A regular file, directory or
+    /// symbolic link at the path is left alone and reported.
     ///
     /// Must be called within a Tokio runtime.
     pub fn bind(endpoint: &Endpoint, permissions: u32) -> Result<Self, BindError> {
@@ -184,7 +185,7 @@ fn bind_unix(path: &Path, permissions: u32) -> Result<Listener, BindError> {
     if !dir.is_dir() {
         return Err(BindError::NoDirectory(path.to_owned()));
     }
-    match std::fs::symlink_metadata(path) {
+    let replacing = match std::fs::symlink_metadata(path) {
         Ok(meta) => {
             let file_type = meta.file_type();
             if !file_type.is_socket() {
@@ -202,37 +203,27 @@ fn bind_unix(path: &Path, permissions: u32) -> Result<Listener, BindError> {
                     what,
                 });
             }
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(_) => return Err(BindError::LiveSocket(path.to_owned())),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    tracing::info!(path = %path.display(), "replacing stale socket");
-                    std::fs::remove_file(path).map_err(io_err("remove stale socket", path))?;
-                }
-                Err(e) => return Err(io_err("probe existing socket", path)(e)),
-            }
+            true
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         Err(e) => return Err(io_err("inspect", path)(e)),
-    }
+    };
 
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "provider.sock".to_owned());
-    let temporary = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    // A leftover from a crashed start of this same pid number is ours to remove.
-    let _ = std::fs::remove_file(&temporary);
+    let private = PrivateDir::create(dir, path)?;
+    let temporary = private.path.join("socket");
     let std_listener =
         std::os::unix::net::UnixListener::bind(&temporary).map_err(io_err("bind", &temporary))?;
-    let finish = || -> Result<(), BindError> {
-        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(permissions))
-            .map_err(io_err("set permissions of", &temporary))?;
-        std::fs::rename(&temporary, path).map_err(io_err("move socket into place at", path))?;
-        Ok(())
-    };
-    if let Err(e) = finish() {
-        let _ = std::fs::remove_file(&temporary);
-        return Err(e);
+    // Inside a directory only we can enter, chmod by path cannot be raced.
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(permissions))
+        .map_err(io_err("set permissions of", &temporary))?;
+    std::fs::rename(&temporary, path).map_err(io_err("move socket into place at", path))?;
+    drop(private);
+    if replacing {
+        tracing::warn!(
+            path = %path.display(),
+            "took over the socket path from an earlier provider (a rolling update, or a crash); \
+             it keeps the connections it accepted"
+        );
     }
     let meta = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
     std_listener
@@ -247,6 +238,51 @@ fn bind_unix(path: &Path, permissions: u32) -> Result<Listener, BindError> {
             identity: SocketIdentity::of(&meta),
         },
     })
+}
+
+/// A directory of our own (mode 0700) beside the socket path, removed with what is left in
+/// it when dropped.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    fn create(dir: &Path, target: &Path) -> Result<Self, BindError> {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "provider.sock".to_owned());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        // mkdir fails if the name exists, so a name another user guessed and took only
+        // costs another try; the directory we get is ours alone.
+        for _ in 0..16 {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let candidate = dir.join(format!(".{name}.{}.{nanos:08x}{n:04x}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
+                Ok(()) => return Ok(Self { path: candidate }),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err("create a private directory in", dir)(e)),
+            }
+        }
+        Err(BindError::Io {
+            action: "create a private directory in",
+            path: dir.display().to_string(),
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        })
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.path.join("socket"));
+        let _ = std::fs::remove_dir(&self.path);
+    }
 }
 
 /// What tells our socket file from a successor's at the same path: device and inode, plus

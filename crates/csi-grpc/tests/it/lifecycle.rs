@@ -117,3 +117,78 @@ async fn the_grace_period_bounds_the_wait_for_in_flight_mounts() {
         "the abandoned mount fails on the client side"
     );
 }
+
+/// A provider serving `path` as `name`, stopped by dropping or sending on the sender.
+fn serve_as(
+    path: &std::path::Path,
+    name: &str,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    use secrets_store_csi_grpc::{CsiProvider, Endpoint, Listener, ServerInfo, serve};
+    let listener = Listener::bind(&Endpoint::Unix(path.to_owned()), 0o600).unwrap();
+    let info = ServerInfo {
+        runtime_name: name.into(),
+        runtime_version: "1.0.0".into(),
+    };
+    let (service, _entered, _release) = gated();
+    let provider = CsiProvider::new(service, info, MountLimits::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        serve(
+            listener,
+            provider,
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    });
+    (stop, done)
+}
+
+async fn runtime_name(client: &mut secrets_store_csi_grpc::client::Client) -> String {
+    client
+        .version(secrets_store_csi_grpc::proto::VersionRequest {
+            version: "v1alpha1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .runtime_name
+}
+
+#[tokio::test]
+async fn a_rolling_update_takes_over_the_socket_and_the_old_provider_keeps_its_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("oci.sock");
+    let (stop_old, old_done) = serve_as(&path, "old");
+    let mut old_client = connect(&path).await;
+    assert_eq!(runtime_name(&mut old_client).await, "old");
+
+    // The new pod starts while the old one serves (maxSurge): it takes the path over.
+    let (stop_new, new_done) = serve_as(&path, "new");
+    let mut new_client = connect(&path).await;
+    assert_eq!(runtime_name(&mut new_client).await, "new");
+    // The old provider keeps the connection it accepted.
+    assert_eq!(runtime_name(&mut old_client).await, "old");
+
+    // The old one exits: the path is the new one's, so it stays.
+    drop(old_client);
+    stop_old.send(()).unwrap();
+    old_done.await.unwrap();
+    assert!(
+        path.exists(),
+        "the old provider left the new one's socket alone"
+    );
+    let mut after = connect(&path).await;
+    assert_eq!(runtime_name(&mut after).await, "new");
+
+    drop((new_client, after));
+    stop_new.send(()).unwrap();
+    new_done.await.unwrap();
+    assert!(!path.exists(), "the last provider removes its own socket");
+}

@@ -48,14 +48,26 @@ async fn a_stale_socket_is_replaced() {
 }
 
 #[tokio::test]
-async fn a_live_socket_is_never_replaced() {
+async fn a_live_socket_is_taken_over_atomically_in_a_private_directory() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("oci.sock");
-    let _other = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let err = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap_err();
-    assert!(matches!(err, BindError::LiveSocket(_)), "{err}");
-    assert!(err.to_string().contains("live socket"));
+    let other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let listener = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap();
+    assert_eq!(listener.local_endpoint(), Endpoint::Unix(path.clone()));
+    // The path is ours now: a new connection reaches our listener, not the other one.
+    other.set_nonblocking(true).unwrap();
     std::os::unix::net::UnixStream::connect(&path).unwrap();
+    assert!(
+        other.accept().is_err(),
+        "the old listener no longer gets connections"
+    );
+    assert_eq!(mode_of(&path), 0o600);
+    // Nothing is left beside the socket: the private directory is gone.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["oci.sock"]);
 }
 
 #[tokio::test]
