@@ -125,6 +125,13 @@ pub struct ServerConfig {
     pub mount_timeout_seconds: u64,
     /// On SIGTERM, how long in-flight mounts may take to finish, in seconds.
     pub shutdown_grace_seconds: u64,
+    /// Connections the health and metrics servers each keep open at once.
+    pub http_max_connections: usize,
+    /// Connections the health and metrics servers each keep open from one source address.
+    pub http_max_connections_per_address: usize,
+    /// Seconds a health or metrics client may take to send its request headers, or stay
+    /// idle between requests, before its connection is closed.
+    pub http_header_read_timeout_seconds: u64,
 }
 
 impl Default for ServerConfig {
@@ -141,6 +148,9 @@ impl Default for ServerConfig {
             max_in_flight_mounts: 64,
             mount_timeout_seconds: 60,
             shutdown_grace_seconds: 25,
+            http_max_connections: 256,
+            http_max_connections_per_address: 8,
+            http_header_read_timeout_seconds: 5,
         }
     }
 }

@@ -1,16 +1,21 @@
 //! The plain-HTTP health and metrics servers.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::TokioIo;
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower::ServiceBuilder;
+use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::metrics::Metrics;
 
@@ -27,7 +32,76 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-fn answer(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+/// What the health and metrics servers allow each client, so that a neighbour pod cannot
+/// hold them open against the kubelet's probes or Prometheus.
+#[derive(Clone, Debug)]
+pub(crate) struct HttpLimits {
+    /// Connections open at once, from all clients.
+    pub(crate) max_connections: usize,
+    /// Connections open at once from one source address.
+    pub(crate) max_connections_per_address: usize,
+    /// How long a connection may take to send a request's headers, and stay idle
+    /// between requests (hyper's header-read timeout restarts for every request).
+    pub(crate) header_read_timeout: Duration,
+}
+
+/// Largest request head hyper buffers (hyper's minimum is 8 KiB).
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Largest request body accepted; these servers only answer GET.
+const MAX_BODY_BYTES: usize = 1024;
+
+/// Open connections, in all and per source address.
+#[derive(Debug, Default)]
+struct Connections {
+    total: usize,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; counted until dropped.
+struct Admitted {
+    table: Arc<Mutex<Connections>>,
+    address: IpAddr,
+}
+
+fn admit(
+    table: &Arc<Mutex<Connections>>,
+    address: IpAddr,
+    limits: &HttpLimits,
+) -> Option<Admitted> {
+    let mut connections = table
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let from_address = connections.per_address.get(&address).copied().unwrap_or(0);
+    if connections.total >= limits.max_connections
+        || from_address >= limits.max_connections_per_address
+    {
+        return None;
+    }
+    connections.total += 1;
+    connections.per_address.insert(address, from_address + 1);
+    Some(Admitted {
+        table: table.clone(),
+        address,
+    })
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut connections = self
+            .table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        connections.total = connections.total.saturating_sub(1);
+        if let Some(count) = connections.per_address.get_mut(&self.address) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                connections.per_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (routes, request.method(), request.uri().path()) {
         (_, m, _) if m != Method::GET && m != Method::HEAD => (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -69,29 +143,49 @@ fn answer(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>>
     response
 }
 
-/// Serves `routes` until `stop` turns true.
-pub(crate) async fn serve(listener: TcpListener, routes: Routes, mut stop: watch::Receiver<bool>) {
+/// Serves `routes` until `stop` turns true, within `limits`: a connection beyond the
+/// caps is closed at once, one that is slow to send its headers or idle for longer than
+/// the header-read timeout is closed by hyper, and request heads and bodies are bounded.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let table = Arc::new(Mutex::new(Connections::default()));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => return,
         };
-        let (stream, _) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(err) => {
                 tracing::debug!(error = %err, "health server accept failed");
                 continue;
             }
         };
+        let Some(admitted) = admit(&table, peer.ip(), &limits) else {
+            tracing::debug!(peer = %peer.ip(), "health server connection over the limits; closed");
+            drop(stream);
+            continue;
+        };
         let routes = routes.clone();
-        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let response = answer(&routes, &request);
-            async move { Ok::<_, Infallible>(response) }
-        });
+        let service = ServiceBuilder::new()
+            .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+            .service_fn(move |request: Request<_>| {
+                let response = answer(&routes, &request);
+                async move { Ok::<_, Infallible>(response) }
+            });
         let mut stop = stop.clone();
+        let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
+            let _admitted = admitted;
             let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
             tokio::select! {
                 _ = connection => {}
                 _ = stop.wait_for(|stop| *stop) => {}

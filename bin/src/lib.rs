@@ -120,14 +120,23 @@ pub async fn run(
         "health and metrics servers listening"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let http_limits = health::HttpLimits {
+        max_connections: config.server.http_max_connections.max(1),
+        max_connections_per_address: config.server.http_max_connections_per_address.max(1),
+        header_read_timeout: Duration::from_secs(
+            config.server.http_header_read_timeout_seconds.max(1),
+        ),
+    };
     let health_task = tokio::spawn(health::serve(
         health,
         health::Routes::Health(ready.clone()),
+        http_limits.clone(),
         stop_rx.clone(),
     ));
     let metrics_task = tokio::spawn(health::serve(
         metrics_listener,
         health::Routes::Metrics(metrics.clone()),
+        http_limits,
         stop_rx.clone(),
     ));
 

@@ -323,3 +323,65 @@ async fn the_emulators_provider_config_is_a_valid_configuration() {
         emulator.url(testkit::Endpoint::Imds)
     );
 }
+
+/// A neighbour pod opens 1,000 connections to the health port from one address, half of
+/// them sending half a request, and keeps them: the kubelet's probe (another address) is
+/// still answered, the provider holds no more than the per-address cap of them, and after
+/// the header-read timeout it holds none.
+#[tokio::test]
+async fn a_neighbour_holding_a_thousand_connections_cannot_starve_the_health_checks() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let provider = Provider::start(
+        &[],
+        &[("OCI_PROVIDER_SERVER__HTTP_HEADER_READ_TIMEOUT_SECONDS", "2")],
+    )
+    .await;
+    let baseline = provider.open_fds();
+    let mut held = Vec::new();
+    for i in 0..1000 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut stream) = socket
+            .connect(([127, 0, 0, 1], provider.healthz_port).into())
+            .await
+        else {
+            continue;
+        };
+        if i % 2 == 0 {
+            let _ = stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .await;
+        }
+        held.push(stream);
+    }
+    assert!(
+        held.len() > 900,
+        "the neighbour got its connections: {}",
+        held.len()
+    );
+    let (status, body) = http_get(provider.healthz_port, "/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert_eq!(http_get(provider.healthz_port, "/readyz").await.0, 200);
+    // Beyond the cap of 8 per address the provider closed them at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while provider.open_fds() > baseline + 8 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} fds open, baseline {baseline}",
+            provider.open_fds()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And after the header-read timeout, none of them.
+    while provider.open_fds() > baseline {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} fds open after the timeout, baseline {baseline}",
+            provider.open_fds()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(held);
+    assert!(provider.terminate().await.status.success());
+}

@@ -157,6 +157,18 @@ impl Provider {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.spawned.child.id().unwrap()
+    }
+
+    /// How many file descriptors the process has open.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
     /// The text of /metrics.
     pub async fn metrics(&self) -> String {
         http_get(self.metrics_port, "/metrics").await.1
