@@ -86,6 +86,12 @@ pub struct AuthConfig {
     /// Whether to ask the Kubernetes API for a pod-bound token when the driver supplies
     /// none (needs `create` on `serviceaccounts/token`).
     pub token_request: bool,
+    /// User principals' private keys loaded (decrypted) at once on this node; the turns
+    /// go round the namespaces.
+    pub max_concurrent_key_loads: usize,
+    /// Seconds a key load waits for its turn before the mount is `Unavailable` (the
+    /// driver retries).
+    pub key_load_wait_seconds: u64,
 }
 
 impl Default for AuthConfig {
@@ -94,6 +100,8 @@ impl Default for AuthConfig {
             user_secret_ttl_seconds: 60,
             workload_audience: String::new(),
             token_request: true,
+            max_concurrent_key_loads: 1,
+            key_load_wait_seconds: 10,
         }
     }
 }

@@ -55,6 +55,8 @@ pub(crate) fn principals_config(
         kubeconfig: e.kubeconfig.clone(),
         service_account_token_file: e.service_account_token_file.clone(),
         user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
+        max_concurrent_key_loads: config.auth.max_concurrent_key_loads.max(1),
+        key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
         workload_audience: config.auth.workload_audience.clone(),
         token_request: config.auth.token_request,
         ..PrincipalsConfig::default()

@@ -73,9 +73,10 @@ pub enum UserSecretError {
     /// `auth.region` is invalid.
     #[error(transparent)]
     Region(#[from] RegionError),
-    /// The private key cannot be loaded (wrong passphrase, unsupported form, ...).
+    /// The private key cannot be loaded (wrong passphrase, unsupported form, ...). Shared:
+    /// the same failure answers the mounts of this Secret version for the TTL.
     #[error("cannot load the private key")]
-    Key(#[source] KeyError),
+    Key(#[source] std::sync::Arc<KeyError>),
     /// A data value is not Base64.
     #[error("data member {0} is not base64")]
     NotBase64(String),
@@ -240,6 +241,17 @@ pub enum AuthError {
     /// The mount's deadline passed while establishing its identity.
     #[error("the deadline passed while {0}")]
     DeadlineExceeded(&'static str),
+    /// Other private keys were being loaded for longer than the wait allows.
+    #[error(
+        "too many private keys are being loaded on this node: the key of a user principal in \
+         namespace {namespace} waited {waited:?} for its turn; the driver will retry"
+    )]
+    KeyLoadsBusy {
+        /// The namespace whose key waited.
+        namespace: String,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
 }
 
 impl AuthError {
@@ -280,6 +292,7 @@ impl AuthError {
                 _ => ErrorKind::Unavailable,
             },
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
+            AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
         }
     }
 }

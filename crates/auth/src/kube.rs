@@ -230,14 +230,14 @@ impl KubeApi {
         Ok(SecretString::from(parsed.status.token))
     }
 
-    /// `GET .../secrets/{name}`: the decoded `data`, or `None` when the Secret does not
-    /// exist.
+    /// `GET .../secrets/{name}`: the decoded `data` and `resourceVersion`, or `None` when
+    /// the Secret does not exist.
     pub(crate) async fn secret(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
-    ) -> Result<Option<BTreeMap<String, Zeroizing<Vec<u8>>>>, AuthError> {
+    ) -> Result<Option<KubeSecret>, AuthError> {
         let operation = format!("reading secret {namespace}/{name}");
         let uri = format!(
             "{}/api/v1/namespaces/{}/secrets/{}",
@@ -255,8 +255,15 @@ impl KubeApi {
         if status != StatusCode::OK {
             return Err(status_error(operation, &response));
         }
+        #[derive(Deserialize, Default)]
+        struct Metadata {
+            #[serde(rename = "resourceVersion", default)]
+            resource_version: Option<String>,
+        }
         #[derive(Deserialize)]
         struct Secret {
+            #[serde(default)]
+            metadata: Metadata,
             #[serde(default)]
             data: BTreeMap<String, String>,
         }
@@ -273,8 +280,17 @@ impl KubeApi {
                 })?;
             data.insert(key, Zeroizing::new(bytes));
         }
-        Ok(Some(data))
+        Ok(Some(KubeSecret {
+            data,
+            resource_version: parsed.metadata.resource_version,
+        }))
     }
+}
+
+/// A Secret as read: its data and, when the API server says, its `resourceVersion`.
+pub(crate) struct KubeSecret {
+    pub(crate) data: BTreeMap<String, Zeroizing<Vec<u8>>>,
+    pub(crate) resource_version: Option<String>,
 }
 
 /// A Kubernetes answer with an unexpected status; only its short `code`/`reason` is kept.

@@ -369,12 +369,22 @@ fn kube(shared: &Shared, parts: &Parts, body: &[u8]) -> Reply {
                 .iter()
                 .map(|(k, v)| (k.clone(), STANDARD.encode(v).into()))
                 .collect();
+            let version = st
+                .kube_secret_versions
+                .get(&((*ns).to_owned(), (*name).to_owned()))
+                .copied()
+                .unwrap_or(1);
             Reply::json(
                 StatusCode::OK,
                 &json!({
                     "kind": "Secret",
                     "apiVersion": "v1",
-                    "metadata": {"name": name, "namespace": ns, "uid": crate::state::derived_uid(ns, name)},
+                    "metadata": {
+                        "name": name,
+                        "namespace": ns,
+                        "uid": crate::state::derived_uid(ns, name),
+                        "resourceVersion": version.to_string(),
+                    },
                     "type": "Opaque",
                     "data": data,
                 }),

@@ -493,6 +493,17 @@ impl EmulatorHandle {
         )
     }
 
+    /// Creates or replaces a Kubernetes Secret, as `kubectl apply` would: its
+    /// `resourceVersion` changes.
+    pub fn put_kube_secret(&self, secret: KubeSecretSeed) {
+        let key = (secret.namespace.clone(), secret.name.clone());
+        let mut st = self.shared.state();
+        let data = secret.data.into_iter().map(|(k, v)| (k, v.0)).collect();
+        st.kube_secrets.insert(key.clone(), data);
+        let next = st.kube_secret_versions.values().max().copied().unwrap_or(1) + 1;
+        st.kube_secret_versions.insert(key, next);
+    }
+
     /// Adds a version with explicit stages (removing those stages from other versions).
     pub fn add_secret_version(
         &self,

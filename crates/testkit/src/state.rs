@@ -170,6 +170,8 @@ pub(crate) struct State {
     pub(crate) users: Vec<UserKey>,
     pub(crate) service_accounts: BTreeMap<(String, String), String>,
     pub(crate) kube_secrets: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>>,
+    /// `metadata.resourceVersion` of each Secret; bumped when a test replaces it.
+    pub(crate) kube_secret_versions: BTreeMap<(String, String), u64>,
     pub(crate) tokens: HashMap<String, TokenRecord>,
     pub(crate) revoked: BTreeSet<String>,
     pub(crate) secrets_calls: Vec<SecretsCall>,
@@ -302,6 +304,7 @@ impl Shared {
             secrets,
             users,
             service_accounts,
+            kube_secret_versions: BTreeMap::new(),
             kube_secrets,
             tokens: HashMap::new(),
             revoked: BTreeSet::new(),

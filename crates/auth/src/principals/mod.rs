@@ -3,6 +3,7 @@
 //! signing layer the key of an established identity from its cache.
 
 mod instance;
+mod keyload;
 mod user;
 mod workload;
 
@@ -79,6 +80,10 @@ pub struct PrincipalsConfig {
     pub token_request: bool,
     /// `expirationSeconds` of those TokenRequests (the Go provider asks for 900).
     pub token_request_expiration: Duration,
+    /// User principals' private keys loaded (decrypted) at once, process-wide.
+    pub max_concurrent_key_loads: usize,
+    /// How long a key load waits for its turn before the mount gets `Unavailable`.
+    pub key_load_wait: Duration,
 }
 
 impl Default for PrincipalsConfig {
@@ -101,6 +106,8 @@ impl Default for PrincipalsConfig {
             workload_audience: String::new(),
             token_request: true,
             token_request_expiration: Duration::from_secs(900),
+            max_concurrent_key_loads: 1,
+            key_load_wait: Duration::from_secs(10),
         }
     }
 }
@@ -385,6 +392,8 @@ struct Inner {
     region: Option<Region>,
     kube: Option<KubeApi>,
     users: Slots<(String, String), user::UserKey>,
+    key_gate: keyload::KeyGate,
+    failed_keys: keyload::FailedLoads,
     workloads: Slots<(String, String), workload::Session>,
     instance: Slot<instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
@@ -400,6 +409,12 @@ impl fmt::Debug for Principals {
 }
 
 impl Principals {
+    /// User principals' private keys loaded (decrypted) so far; a failed load answered
+    /// from memory is not counted.
+    pub fn key_loads(&self) -> u64 {
+        self.inner.key_gate.loads()
+    }
+
     /// Checks the configuration (region, region metadata, kubeconfig) and sets up empty
     /// caches. Nothing is contacted yet.
     pub fn new(
@@ -425,8 +440,11 @@ impl Principals {
             config.kubeconfig.as_deref(),
             &config.service_account_token_file,
         )?;
+        let key_gate = keyload::KeyGate::new(config.max_concurrent_key_loads, config.key_load_wait);
         Ok(Self {
             inner: Arc::new(Inner {
+                key_gate,
+                failed_keys: keyload::FailedLoads::default(),
                 config,
                 http,
                 clock,

@@ -147,7 +147,7 @@ async fn load(
     name: &str,
     deadline: tokio::time::Instant,
 ) -> Result<UserKey, AuthError> {
-    let data = inner
+    let secret = inner
         .kube()?
         .secret(namespace, name, deadline)
         .await?
@@ -155,6 +155,7 @@ async fn load(
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         })?;
+    let data = &secret.data;
     let malformed = |problem: UserSecretError| AuthError::UserSecret {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
@@ -229,12 +230,35 @@ async fn load(
         .map_err(|e| malformed(UserSecretError::Region(e)))?;
     let passphrase = get("passphrase").map(|p| Zeroizing::new(p.as_bytes().to_vec()));
     let pem = Zeroizing::new(private_key.to_vec());
-    let key = tokio::task::spawn_blocking(move || {
-        PrivateKey::from_pem(&pem, passphrase.as_ref().map(|p| p.as_slice()))
-    })
-    .await
-    .map_err(|_| AuthError::Internal("the key loading task failed"))?
-    .map_err(|e| malformed(UserSecretError::Key(e)))?;
+    // The same broken Secret version is not decrypted again within the TTL.
+    let cache_key = (namespace.to_owned(), name.to_owned());
+    let ttl = inner.config.user_secret_ttl;
+    if let Some(version) = &secret.resource_version
+        && let Some(error) = inner.failed_keys.get(&cache_key, version, inner.now(), ttl)
+    {
+        return Err(malformed(UserSecretError::Key(error)));
+    }
+    let loaded = inner
+        .key_gate
+        .run(namespace, deadline, move || {
+            PrivateKey::from_pem(&pem, passphrase.as_ref().map(|p| p.as_slice()))
+        })
+        .await?;
+    let key = match loaded {
+        Ok(key) => {
+            inner.failed_keys.remove(&cache_key);
+            key
+        }
+        Err(error) => {
+            let error = Arc::new(error);
+            if let Some(version) = secret.resource_version.clone() {
+                inner
+                    .failed_keys
+                    .insert(cache_key, version, inner.now(), ttl, error.clone());
+            }
+            return Err(malformed(UserSecretError::Key(error)));
+        }
+    };
     let actual = key.fingerprint();
     let mut signing = SigningKey::new(
         KeyId::new(format!("{tenancy}/{user}/{fingerprint}")),

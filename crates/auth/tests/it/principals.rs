@@ -358,6 +358,40 @@ async fn mounts_established_before_a_401_sign_with_the_secret_read_again() {
 }
 
 #[tokio::test]
+async fn a_key_that_failed_to_load_is_not_decrypted_again_until_the_secret_changes() {
+    let fp = user_key().fingerprint();
+    let encrypted = fixture("rsa-pkcs8-encrypted.pem");
+    let wrong = format!("{}  passphrase: not-it\n", user_config(&fp));
+    let fx = start(user_seed(&wrong, &encrypted), |_, _| {}).await;
+    for _ in 0..5 {
+        let error = fx.principals.establish(&user_request()).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+    }
+    assert_eq!(
+        fx.principals.key_loads(),
+        1,
+        "one decryption for five mounts"
+    );
+    // The TTL over, the same Secret is tried once more.
+    fx.clock.advance(Duration::from_secs(61));
+    fx.principals.establish(&user_request()).await.unwrap_err();
+    assert_eq!(fx.principals.key_loads(), 2);
+    // The tenant fixes the passphrase: a new resourceVersion is loaded at once.
+    let right = format!(
+        "{}  passphrase: {}\n",
+        user_config(&fp),
+        std::str::from_utf8(PASSPHRASE).unwrap()
+    );
+    fx.emu.put_kube_secret(
+        KubeSecretSeed::new(NS, "oci-config")
+            .data("config", right)
+            .data("private-key", encrypted),
+    );
+    fx.principals.establish(&user_request()).await.unwrap();
+    assert_eq!(fx.principals.key_loads(), 3);
+}
+
+#[tokio::test]
 async fn user_secret_missing_is_not_found() {
     let fx = start(base_seed(), |_, _| {}).await;
     let error = fx.principals.establish(&user_request()).await.unwrap_err();
