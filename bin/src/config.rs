@@ -55,6 +55,9 @@ pub struct UpstreamConfig {
     pub max_response_bytes: usize,
     /// Secrets of one mount fetched at once.
     pub fan_out: usize,
+    /// Largest Secrets API answer read, in bytes (OCI secrets hold at most 25 KB; the
+    /// bundle is Base64 in JSON): what each fetch reserves from `server.max_in_flight_bytes`.
+    pub max_bundle_bytes: usize,
     /// Attempts per Secrets call (retryable failures only).
     pub max_attempts: u32,
 }
@@ -69,6 +72,7 @@ impl Default for UpstreamConfig {
             request_timeout_seconds: 30,
             max_response_bytes: 4 * 1024 * 1024,
             fan_out: 8,
+            max_bundle_bytes: 256 * 1024,
             max_attempts: 5,
         }
     }
@@ -140,6 +144,11 @@ pub struct ServerConfig {
     /// Seconds a health or metrics client may take to send its request headers, or stay
     /// idle between requests, before its connection is closed.
     pub http_header_read_timeout_seconds: u64,
+    /// Bytes all mounts in flight may hold at once (each fetch reserves
+    /// `upstream.max_bundle_bytes` first); beyond it a mount is `ResourceExhausted`.
+    pub max_in_flight_bytes: usize,
+    /// Entries a SecretProviderClass's `secrets` list may have.
+    pub max_secrets_per_mount: usize,
 }
 
 impl Default for ServerConfig {
@@ -159,6 +168,8 @@ impl Default for ServerConfig {
             http_max_connections: 256,
             http_max_connections_per_address: 8,
             http_header_read_timeout_seconds: 5,
+            max_in_flight_bytes: 32 * 1024 * 1024,
+            max_secrets_per_mount: 256,
         }
     }
 }
@@ -304,11 +315,20 @@ impl Config {
                 self.upstream.max_idle_per_host,
             ),
             ("upstream.fan_out", self.upstream.fan_out),
+            ("upstream.max_bundle_bytes", self.upstream.max_bundle_bytes),
+            ("server.max_secrets_per_mount", self.server.max_secrets_per_mount),
             ("upstream.max_attempts", self.upstream.max_attempts as usize),
         ] {
             if value == 0 {
                 return Err(ConfigError(format!("{key} must be at least 1")));
             }
+        }
+        if self.server.max_in_flight_bytes < self.upstream.max_bundle_bytes {
+            return Err(ConfigError(format!(
+                "server.max_in_flight_bytes ({}) must hold at least one fetch of \
+                 upstream.max_bundle_bytes ({})",
+                self.server.max_in_flight_bytes, self.upstream.max_bundle_bytes
+            )));
         }
         if self.server.mount_timeout_seconds == 0 {
             return Err(ConfigError(

@@ -104,6 +104,7 @@ pub async fn run(
     let metrics = Arc::new(metrics::Metrics::new(
         env!("CARGO_PKG_VERSION"),
         stack.transport.clone(),
+        stack.budget.clone(),
     ));
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);

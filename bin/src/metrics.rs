@@ -92,8 +92,43 @@ impl Collector for UpstreamCollector {
     }
 }
 
+/// The in-flight byte budget, read at scrape time.
+#[derive(Debug)]
+struct BudgetCollector(provider::ByteBudget);
+
+impl Collector for BudgetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (name, help, value) in [
+            (
+                "in_flight_bytes",
+                "Bytes reserved by mounts in flight now (server.max_in_flight_bytes)",
+                self.0.used(),
+            ),
+            (
+                "in_flight_bytes_high_water",
+                "The most bytes mounts in flight ever held at once",
+                self.0.high_water(),
+            ),
+            (
+                "in_flight_bytes_limit",
+                "server.max_in_flight_bytes",
+                self.0.capacity(),
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(clamp(value)).encode(family)?;
+        }
+        Ok(())
+    }
+}
+
 impl Metrics {
-    pub(crate) fn new(version: &'static str, transport: transport::Transport) -> Self {
+    pub(crate) fn new(
+        version: &'static str,
+        transport: transport::Transport,
+        budget: provider::ByteBudget,
+    ) -> Self {
         let mut registry = Registry::with_prefix("oci_provider");
         let mounts = Family::<CodeLabel, Counter>::default();
         registry.register("mounts", "Mounts answered, by gRPC outcome", mounts.clone());
@@ -111,6 +146,7 @@ impl Metrics {
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
         registry.register_collector(Box::new(UpstreamCollector(transport)));
+        registry.register_collector(Box::new(BudgetCollector(budget)));
         let alive_tasks = Gauge::default();
         registry.register(
             "runtime_alive_tasks",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use auth::{Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
-use provider::{MountConfig, OciMount};
+use provider::{ByteBudget, MountConfig, OciMount};
 use tower::Layer as _;
 use transport::{HttpService, Proxy, Transport, TransportConfig};
 use vault::{RetryPolicy, VaultClient};
@@ -20,6 +20,8 @@ pub(crate) type Mount = OciMount<VaultClient<Signing<HttpService>>>;
 pub(crate) struct Stack {
     pub(crate) transport: Transport,
     pub(crate) mount: Mount,
+    /// The bytes mounts in flight hold, for the metrics.
+    pub(crate) budget: ByteBudget,
 }
 
 fn authority(url: &str, key: &str) -> anyhow::Result<String> {
@@ -113,14 +115,22 @@ pub(crate) fn build(
         max_attempts: u.max_attempts,
         ..RetryPolicy::default()
     };
-    let vault = VaultClient::new(signing, retry);
+    let vault = VaultClient::new(signing, retry).with_max_body_bytes(u.max_bundle_bytes);
+    let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let mount = OciMount::new(
         Arc::new(principals),
         vault,
         MountConfig {
             fan_out: u.fan_out,
+            max_secrets: config.server.max_secrets_per_mount,
+            budget: Some(budget.clone()),
+            fetch_reserve_bytes: u.max_bundle_bytes,
             ..MountConfig::default()
         },
     );
-    Ok(Stack { transport, mount })
+    Ok(Stack {
+        transport,
+        mount,
+        budget,
+    })
 }

@@ -22,6 +22,12 @@ impl FileContents {
         &self.0
     }
 
+    /// The bytes, moved out without a copy. The buffer then belongs to the caller (prost's
+    /// message, in the server) and is no longer wiped on drop.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        std::mem::take(&mut *self.0)
+    }
+
     /// Number of bytes.
     pub fn len(&self) -> usize {
         self.0.len()

@@ -240,7 +240,9 @@ where
                     path: f.path.as_str().to_owned(),
                     // At most 0o777 by construction of FileMode.
                     mode: i32::try_from(f.mode.get()).unwrap_or(0o444),
-                    contents: f.contents.as_bytes().to_vec(),
+                    // Moved, not copied: the only copies left are prost's encoding of
+                    // the message and hyper's write buffers.
+                    contents: f.contents.into_vec(),
                 })
                 .collect(),
         };

@@ -18,6 +18,10 @@ const HANDLE_PREFIX: &str = "unable to handle SecretProviderClass secrets";
 const UNMARSHAL_PREFIX: &str = "unable to handle SecretProviderClass secrets: failed to unmarshal SecretProviderClass parameter \"secrets\"";
 const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
 
+/// Entries a mount's `secrets` list may have unless configured otherwise
+/// (`server.max_secrets_per_mount`).
+pub const DEFAULT_MAX_SECRETS: usize = 256;
+
 pub use vault::Stage;
 
 /// Which version of a secret to fetch.
@@ -136,9 +140,19 @@ struct RawSecret {
 
 impl MountParameters {
     /// Validates the parameters of a mount. `pod` is needed where the identity depends on
-    /// it (user and workload principals).
+    /// it (user and workload principals). At most [`DEFAULT_MAX_SECRETS`] entries.
     pub fn parse(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<Self, ParamError> {
-        let raw = parse_secrets_yaml(attributes)?;
+        Self::parse_limited(attributes, pod, DEFAULT_MAX_SECRETS)
+    }
+
+    /// Like [`MountParameters::parse`] with at most `max_secrets` entries in `secrets`; the
+    /// YAML parser stops at the first entry past it, so a list of thousands is never built.
+    pub fn parse_limited(
+        attributes: &BTreeMap<String, String>,
+        pod: &Pod,
+        max_secrets: usize,
+    ) -> Result<Self, ParamError> {
+        let raw = parse_secrets_yaml(attributes, max_secrets)?;
         let auth = parse_auth(attributes, pod)?;
         let vault_id = parse_vault_id(attributes)?;
         let secrets = check_secrets(raw)?;
@@ -150,7 +164,10 @@ impl MountParameters {
     }
 }
 
-fn parse_secrets_yaml(attributes: &BTreeMap<String, String>) -> Result<Vec<RawSecret>, ParamError> {
+fn parse_secrets_yaml(
+    attributes: &BTreeMap<String, String>,
+    max_secrets: usize,
+) -> Result<Vec<RawSecret>, ParamError> {
     let yaml = attributes.get(SECRETS).ok_or_else(|| {
         ParamError(format!(
             "{HANDLE_PREFIX}: missed \"secrets\" SecretProviderClass parameters"
@@ -161,12 +178,66 @@ fn parse_secrets_yaml(attributes: &BTreeMap<String, String>) -> Result<Vec<RawSe
             "{HANDLE_PREFIX}: missed content of SecretProviderClass parameter \"secrets\""
         )));
     }
-    serde_saphyr::from_str::<Vec<RawSecret>>(yaml).map_err(|e| {
+    let over = std::cell::Cell::new(false);
+    let seed = CappedList {
+        max: max_secrets,
+        over: &over,
+    };
+    let parsed = serde_saphyr::with_deserializer_from_str(yaml, |de| {
+        serde::de::DeserializeSeed::deserialize(seed, de)
+    });
+    if over.get() {
+        return Err(ParamError(format!(
+            "{UNMARSHAL_PREFIX}: the list has more than {max_secrets} entries, the most one \
+             mount may have (server.max_secrets_per_mount); split it over several \
+             SecretProviderClasses"
+        )));
+    }
+    parsed.map_err(|e| {
         ParamError(format!(
             "{UNMARSHAL_PREFIX}: expected a YAML list of {{name, stage, versionNumber, fileName}}: {}",
             one_line(&e.to_string())
         ))
     })
+}
+
+/// A YAML sequence of [`RawSecret`] of at most `max` entries: past it, deserializing stops
+/// with an error (and `over` set), before the rest of the list is built.
+struct CappedList<'a> {
+    max: usize,
+    over: &'a std::cell::Cell<bool>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for CappedList<'_> {
+    type Value = Vec<RawSecret>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CappedList<'_> {
+    type Value = Vec<RawSecret>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of secrets")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
+        while out.len() < self.max {
+            match seq.next_element::<RawSecret>()? {
+                Some(entry) => out.push(entry),
+                None => return Ok(out),
+            }
+        }
+        // One more entry, of any shape, is one too many; it is not built.
+        if seq.next_element::<de::IgnoredAny>()?.is_some() {
+            self.over.set(true);
+            return Err(de::Error::custom("too many entries"));
+        }
+        Ok(out)
+    }
 }
 
 /// Pod events show one line; YAML errors may span several (with a source excerpt).

@@ -13,6 +13,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
+use crate::budget::{ByteBudget, Reservation};
 use crate::params::{AuthSpec, MountParameters, SecretSpec, VersionSelector};
 
 /// A boxed future, as the mount service returns.
@@ -42,7 +43,15 @@ pub struct MountConfig {
     /// Secrets of one mount fetched at once.
     pub fan_out: usize,
     /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
+    /// Checked as the secrets arrive: the mount fails as soon as it is passed.
     pub max_total_bytes: usize,
+    /// Most entries in a mount's `secrets` list; the parser stops there.
+    pub max_secrets: usize,
+    /// The process-wide budget of bytes held by mounts in flight; `None`: unbounded.
+    pub budget: Option<ByteBudget>,
+    /// What each fetch reserves from the budget before it starts: the Secrets client's
+    /// body limit (bodies are buffered whole).
+    pub fetch_reserve_bytes: usize,
 }
 
 impl Default for MountConfig {
@@ -50,6 +59,9 @@ impl Default for MountConfig {
         Self {
             fan_out: 8,
             max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
+            max_secrets: crate::params::DEFAULT_MAX_SECRETS,
+            budget: None,
+            fetch_reserve_bytes: 256 * 1024,
         }
     }
 }
@@ -100,7 +112,11 @@ where
     }
 
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
-        let params = MountParameters::parse(&request.attributes, &request.pod)?;
+        let params = MountParameters::parse_limited(
+            &request.attributes,
+            &request.pod,
+            self.config.max_secrets,
+        )?;
         let identity_request = auth::IdentityRequest {
             kind: match &params.auth {
                 AuthSpec::User { secret_name } => auth::PrincipalKind::User {
@@ -125,7 +141,8 @@ where
             .establish(&identity_request)
             .await
             .map_err(auth_error)?;
-        let bundles = self
+        // The reservations are held until the answer is assembled and handed on.
+        let (bundles, _reservations) = self
             .fetch_all(&params, &established, request.deadline)
             .await?;
         assemble(
@@ -141,8 +158,10 @@ where
         params: &MountParameters,
         established: &auth::Established,
         deadline: tokio::time::Instant,
-    ) -> Result<Vec<vault::SecretBundle>, MountError> {
+    ) -> Result<(Vec<vault::SecretBundle>, Vec<Reservation>), MountError> {
         let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
+        let budget = self.config.budget.clone();
+        let reserve = self.config.fetch_reserve_bytes;
         let mut pending: FuturesUnordered<_> = params
             .secrets
             .iter()
@@ -160,19 +179,56 @@ where
                 };
                 let vault = self.vault.clone();
                 let permits = permits.clone();
+                let budget = budget.clone();
                 async move {
                     let _permit = permits.acquire_owned().await;
-                    (index, vault.oneshot(request).await)
+                    let mut reservation = match &budget {
+                        Some(budget) => match budget.try_reserve(reserve) {
+                            Some(r) => Some(r),
+                            None => return (index, Fetched::OverBudget),
+                        },
+                        None => None,
+                    };
+                    match vault.oneshot(request).await {
+                        Ok(bundle) => {
+                            if let Some(r) = &mut reservation {
+                                r.shrink_to(bundle.content.len());
+                            }
+                            (index, Fetched::Bundle(bundle, reservation))
+                        }
+                        Err(err) => (index, Fetched::Failed(err)),
+                    }
                 }
             })
             .collect();
         let mut bundles: Vec<Option<vault::SecretBundle>> =
             (0..params.secrets.len()).map(|_| None).collect();
+        let mut reservations = Vec::new();
         let mut failures: Vec<(usize, vault::VaultError)> = Vec::new();
-        while let Some((index, result)) = pending.next().await {
-            match result {
-                Ok(bundle) => bundles[index] = Some(bundle),
-                Err(err) => {
+        let mut total = 0usize;
+        while let Some((index, fetched)) = pending.next().await {
+            match fetched {
+                Fetched::Bundle(bundle, reservation) => {
+                    total = total.saturating_add(bundle.content.len());
+                    bundles[index] = Some(bundle);
+                    reservations.extend(reservation);
+                    if total > self.config.max_total_bytes {
+                        // Dropping `pending` cancels the fetches still running.
+                        return Err(too_large(params, &bundles, self.config.max_total_bytes));
+                    }
+                }
+                Fetched::OverBudget => {
+                    let capacity = budget.as_ref().map_or(0, ByteBudget::capacity);
+                    return Err(MountError::new(
+                        ErrorKind::ResourceExhausted,
+                        format!(
+                            "the provider is holding its budget of {capacity} bytes for mounts \
+                             in flight (server.max_in_flight_bytes) for other mounts; the \
+                             driver will retry this one"
+                        ),
+                    ));
+                }
+                Fetched::Failed(err) => {
                     let permanent = !err.is_retryable();
                     failures.push((index, err));
                     // A permanent failure fails the mount whatever the others give:
@@ -188,13 +244,57 @@ where
         if !failures.is_empty() {
             return Err(combine(params, failures, abandoned, &established.identity));
         }
-        bundles
+        let bundles = bundles
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
                 MountError::internal("internal error: a secret was neither fetched nor failed")
-            })
+            })?;
+        Ok((bundles, reservations))
     }
+}
+
+/// What one fetch gave.
+enum Fetched {
+    Bundle(vault::SecretBundle, Option<Reservation>),
+    Failed(vault::VaultError),
+    OverBudget,
+}
+
+/// The mount passed `max_total_bytes` while its secrets arrived: the sizes of those that
+/// did, largest first.
+fn too_large(
+    params: &MountParameters,
+    bundles: &[Option<vault::SecretBundle>],
+    max_total_bytes: usize,
+) -> MountError {
+    let mut sizes: Vec<(usize, usize)> = bundles
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| b.as_ref().map(|b| (i, b.content.len())))
+        .collect();
+    sizes.sort_by_key(|(i, size)| (std::cmp::Reverse(*size), *i));
+    let total: usize = sizes.iter().map(|(_, s)| s).sum();
+    let listed: Vec<String> = sizes
+        .iter()
+        .take(20)
+        .map(|(i, size)| format!("secrets[{i}] {} ({size} bytes)", params.secrets[*i].path))
+        .collect();
+    let more = sizes.len().saturating_sub(listed.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    MountError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the mounted files would take more than {max_total_bytes} bytes (the driver refuses \
+             answers above 4 MiB): {total} bytes from the {} secrets fetched so far: {}{more}",
+            sizes.len(),
+            listed.join(", ")
+        ),
+    )
 }
 
 fn selector(spec: &SecretSpec) -> vault::Selector {

@@ -27,6 +27,12 @@ pub type HttpService =
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline(pub Instant);
 
+/// A request extension: read at most this many bytes of the answer's body (less than the
+/// configured `max_response_bytes`, for callers that know their answers are small and
+/// account for the buffer, as the Secrets client does).
+#[derive(Clone, Copy, Debug)]
+pub struct MaxBodyBytes(pub usize);
+
 /// The process's HTTP client. Clones share the pool, the bounds and the counters.
 #[derive(Clone, Debug)]
 pub struct Transport {
@@ -120,7 +126,10 @@ impl Transport {
             deadline = deadline.min(*requested);
         }
         let budget = deadline.saturating_duration_since(Instant::now());
-        let limit = config.max_response_bytes;
+        let limit = match request.extensions().get::<MaxBodyBytes>() {
+            Some(MaxBodyBytes(requested)) => (*requested).min(config.max_response_bytes),
+            None => config.max_response_bytes,
+        };
         let exchange = async {
             // Requests in flight per host are bounded like connections, so a storm waits
             // here instead of queueing connects.

@@ -64,6 +64,7 @@ pub struct VaultClient<S> {
     http: S,
     retry: RetryPolicy,
     user_agent: HeaderValue,
+    max_body_bytes: Option<usize>,
 }
 
 impl<S> fmt::Debug for VaultClient<S> {
@@ -82,7 +83,15 @@ impl<S> VaultClient<S> {
             http,
             retry,
             user_agent: HeaderValue::from_static(DEFAULT_USER_AGENT),
+            max_body_bytes: None,
         }
+    }
+
+    /// Reads at most `bytes` of each answer (a [`transport::MaxBodyBytes`] extension on
+    /// every request), so that what a fetch may buffer is known before it starts.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = Some(bytes);
+        self
     }
 
     /// Replaces the `User-Agent` (e.g. to append `OCI_SDK_APPEND_USER_AGENT`). A value that
@@ -121,6 +130,7 @@ where
             http: self.http.clone(),
             retry: self.retry.clone(),
             user_agent: self.user_agent.clone(),
+            max_body_bytes: self.max_body_bytes,
             secret: request.describe(),
             request,
         };
@@ -133,6 +143,7 @@ struct Fetch<S> {
     http: S,
     retry: RetryPolicy,
     user_agent: HeaderValue,
+    max_body_bytes: Option<usize>,
     secret: String,
     request: SecretRequest,
 }
@@ -289,6 +300,9 @@ where
             .extension(transport::Deadline(self.request.deadline));
         if let Some(id) = request_id {
             builder = builder.header(OPC_REQUEST_ID, id);
+        }
+        if let Some(limit) = self.max_body_bytes {
+            builder = builder.extension(transport::MaxBodyBytes(limit));
         }
         builder
             .body(Bytes::new())

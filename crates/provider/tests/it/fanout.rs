@@ -10,7 +10,7 @@ use tower::ServiceExt;
 
 use crate::fakes::{Auth, Behaviour, Vault, mount_service};
 
-fn request(secrets: &str) -> MountRequest {
+pub fn request(secrets: &str) -> MountRequest {
     let attributes = json!({
         "secrets": secrets,
         "vaultId": "ocid1.vault.oc1..v",

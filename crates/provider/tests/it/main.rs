@@ -5,5 +5,6 @@
 
 mod fakes;
 mod fanout;
+mod memory;
 mod params;
 mod proptests;

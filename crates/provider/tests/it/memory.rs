@@ -1,0 +1,178 @@
+//! What one mount, and all mounts in flight, may hold in memory (issue 9, item 1).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use csi_grpc::{ErrorKind, MountError};
+use oci_csi_provider::{ByteBudget, MountConfig, MountParameters, OciMount};
+use tower::ServiceExt;
+
+use crate::fakes::{Auth, Behaviour, Vault};
+use crate::fanout::request;
+
+fn big(content_len: usize) -> Behaviour {
+    Behaviour::Bundle {
+        content: vec![b'x'; content_len],
+        secret_id: "ocid1.vaultsecret.oc1..big".into(),
+        version: 1,
+    }
+}
+
+#[tokio::test]
+async fn the_size_limit_fails_the_mount_as_soon_as_it_is_passed_and_cancels_the_rest() {
+    // Two secrets of 2 MiB pass the 3.5 MiB limit; a third never answers. The mount must
+    // not wait for it (it used to, holding both bundles, until its deadline).
+    let vault = Vault::default()
+        .with("a", big(2 << 20))
+        .with("b", big(2 << 20))
+        .with("slow", Behaviour::Hang);
+    let service = OciMount::new(
+        Arc::new(Auth::default()),
+        vault.clone(),
+        MountConfig::default(),
+    );
+    let err = service
+        .oneshot(request("- name: a\n- name: b\n- name: slow\n"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    let message = err.message();
+    assert!(message.contains("more than 3670016 bytes"), "{message}");
+    assert!(
+        message.contains("secrets[0] a (2097152 bytes)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("secrets[1] b (2097152 bytes)"),
+        "{message}"
+    );
+    assert_eq!(
+        vault.in_flight.load(Ordering::SeqCst),
+        0,
+        "the hanging fetch was dropped"
+    );
+    assert_eq!(vault.dropped_unfinished.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_list_longer_than_the_cap_is_refused_without_building_it() {
+    let pod = csi_grpc::Pod {
+        namespace: Some("app".into()),
+        name: Some("web-0".into()),
+        uid: Some("uid".into()),
+        service_account: Some("web".into()),
+    };
+    // 20,000 entries; the 257th has a field no entry may have. Were it parsed as an entry,
+    // the error would name the field: it names the count, so the parser stopped at 256.
+    let mut yaml = String::new();
+    for i in 0..20_000 {
+        if i == 256 {
+            yaml.push_str("- notAField: 1\n");
+        } else {
+            yaml.push_str(&format!("- name: s{i}\n"));
+        }
+    }
+    let attributes = [
+        ("secrets".to_owned(), yaml),
+        ("vaultId".to_owned(), "ocid1.vault.oc1..v".to_owned()),
+        ("authType".to_owned(), "instance".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    let err = MountParameters::parse(&attributes, &pod).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("more than 256 entries"), "{message}");
+    assert!(
+        message.contains("server.max_secrets_per_mount"),
+        "{message}"
+    );
+    assert!(!message.contains("notAField"), "{message}");
+    assert_eq!(MountError::from(err).kind(), ErrorKind::InvalidArgument);
+    // Exactly the cap is fine, and the cap is configurable.
+    let mut yaml = String::new();
+    for i in 0..256 {
+        yaml.push_str(&format!("- name: s{i}\n"));
+    }
+    let mut attributes = attributes;
+    attributes.insert("secrets".into(), yaml);
+    assert_eq!(
+        MountParameters::parse(&attributes, &pod)
+            .unwrap()
+            .secrets
+            .len(),
+        256
+    );
+    let err = MountParameters::parse_limited(&attributes, &pod, 10).unwrap_err();
+    assert!(err.to_string().contains("more than 10 entries"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
+    // 300 mounts at once, each of two 100 KB secrets; each fetch reserves 256 KiB. A budget
+    // of 8 MiB holds 32 fetches: the high-water mark never passes it, only the mounts that
+    // found it full get ResourceExhausted (naming the budget), the others mount.
+    let vault = Vault::default()
+        .with("a", big(100_000))
+        .with("b", big(100_000));
+    let budget = ByteBudget::new(8 << 20);
+    let config = MountConfig {
+        budget: Some(budget.clone()),
+        ..MountConfig::default()
+    };
+    let service = OciMount::new(Arc::new(Auth::default()), vault, config);
+    let mounts: Vec<_> = (0..300)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move { service.oneshot(request("- name: a\n- name: b\n")).await })
+        })
+        .collect();
+    let (mut mounted, mut refused) = (0, 0);
+    for mount in mounts {
+        match mount.await.unwrap() {
+            Ok(response) => {
+                assert_eq!(response.files.len(), 2);
+                mounted += 1;
+            }
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+                assert!(
+                    err.message().contains("server.max_in_flight_bytes"),
+                    "{err}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(budget.high_water() <= budget.capacity(), "{budget:?}");
+    assert!(
+        budget.high_water() > budget.capacity() / 2,
+        "the budget was used: {budget:?}"
+    );
+    assert!(refused > 0, "some mounts found the budget full");
+    // 32 fetches of two per mount fit at once: at least 16 mounts got through.
+    assert!(mounted >= 16, "{mounted} mounted");
+    assert_eq!(mounted + refused, 300);
+    assert_eq!(budget.used(), 0, "everything given back");
+    // And with the budget back, the driver's retry mounts.
+    let response = service
+        .oneshot(request("- name: a\n- name: b\n"))
+        .await
+        .unwrap();
+    assert_eq!(response.files.len(), 2);
+}
+
+#[tokio::test]
+async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
+    let vault = Vault::default().with("a", big(1000));
+    let budget = ByteBudget::new(1 << 20);
+    let config = MountConfig {
+        budget: Some(budget.clone()),
+        fetch_reserve_bytes: 256 * 1024,
+        ..MountConfig::default()
+    };
+    let service = OciMount::new(Arc::new(Auth::default()), vault, config);
+    let response = service.oneshot(request("- name: a\n")).await.unwrap();
+    assert_eq!(response.files[0].contents.len(), 1000);
+    assert_eq!(budget.used(), 0);
+    assert_eq!(budget.high_water(), 256 * 1024);
+}
