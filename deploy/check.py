@@ -46,6 +46,36 @@ def plain(docs):
     return header + "".join("---\n" + yaml.safe_dump(doc, sort_keys=False) for _, doc in docs)
 
 
+MIB = 1024 * 1024
+UNITS = {"Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
+
+
+def quantity(text):
+    for suffix, factor in UNITS.items():
+        if str(text).endswith(suffix):
+            return int(str(text)[: -len(suffix)]) * factor
+    return int(text)
+
+
+def memory_model(docs, baseline_mib):
+    """The memory model of ARCHITECTURE.md: baseline + 2 x max_in_flight_bytes (+ the
+    secret cache once it exists) fits the container's memory limit with 10% to spare.
+    Returns a problem, or None."""
+    for _, doc in docs:
+        if doc["kind"] != "DaemonSet":
+            continue
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        limit = quantity(container["resources"]["limits"]["memory"])
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        in_flight = int(env["OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"])
+        need = baseline_mib * MIB + 2 * in_flight
+        if need > limit * 0.9:
+            return (f"memory model: {baseline_mib} MiB baseline + 2 x {in_flight // MIB} MiB in flight "
+                    f"= {need // MIB} MiB does not fit 90% of the {limit // MIB} MiB limit")
+        return None
+    return "no DaemonSet rendered"
+
+
 def main():
     report = helm_python.lint(str(CHART), strict=True, namespace=NAMESPACE, kube_version="v" + KUBE_VERSION)
     problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
@@ -62,6 +92,14 @@ def main():
     validate(with_config, "with config")
     if "ConfigMap" not in [doc["kind"] for _, doc in with_config]:
         sys.exit("a provider.config value must render a ConfigMap")
+    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["provider"]["memory"]["baselineMiB"]
+    problem = memory_model(defaults, baseline)
+    if problem:
+        sys.exit(problem)
+    # The check must catch a budget that does not fit.
+    greedy = render({"provider": {"memory": {"baselineMiB": 24, "maxInFlightMiB": 64}}})
+    if memory_model(greedy, baseline) is None:
+        sys.exit("memory model check passed a 64 MiB in-flight budget under a 128 MiB limit")
     text = plain(defaults)
     if "--write" in sys.argv:
         PLAIN.write_text(text)
