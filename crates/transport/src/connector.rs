@@ -51,10 +51,39 @@ impl Permits {
 
     pub(crate) fn of(&self, authority: &str) -> Arc<Semaphore> {
         let mut hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+        // A semaphore nobody holds a permit of, nor waits on, has every permit free: drop
+        // it, so the table holds only the hosts in use now (a fresh one is the same).
+        hosts.retain(|host, semaphore| host == authority || Arc::strong_count(semaphore) > 1);
         hosts
             .entry(authority.to_owned())
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
             .clone()
+    }
+
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.hosts.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+#[cfg(test)]
+mod permit_tests {
+    use super::*;
+
+    #[test]
+    fn idle_hosts_are_forgotten_and_busy_ones_kept() {
+        let permits = Permits::new(2);
+        let held = permits.of("busy:443").try_acquire_owned().unwrap();
+        for i in 0..1000 {
+            let _ = permits.of(&format!("host-{i}:443")).try_acquire_owned().unwrap();
+        }
+        // Only the busy host and the last one asked for remain.
+        assert_eq!(permits.tracked(), 2);
+        // The busy host's permit still counts: one of two is taken.
+        assert_eq!(permits.of("busy:443").available_permits(), 1);
+        drop(held);
+        let _ = permits.of("other:443");
+        assert_eq!(permits.tracked(), 1);
     }
 }
 

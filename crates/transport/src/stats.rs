@@ -19,10 +19,22 @@ pub struct HostStats {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Stats(Arc<Mutex<BTreeMap<String, HostStats>>>);
 
+/// Hosts whose counters are kept; past it, hosts with no connection open are forgotten
+/// (their counters restart if they come back), so the map and the metrics' `host` labels
+/// stay bounded whatever hosts are asked for.
+const MAX_TRACKED_HOSTS: usize = 64;
+
+fn entry<'a>(hosts: &'a mut BTreeMap<String, HostStats>, authority: &str) -> &'a mut HostStats {
+    if !hosts.contains_key(authority) && hosts.len() >= MAX_TRACKED_HOSTS {
+        hosts.retain(|_, h| h.open > 0);
+    }
+    hosts.entry(authority.to_owned()).or_default()
+}
+
 impl Stats {
     pub(crate) fn opened(&self, authority: &str) -> OpenGuard {
         let mut hosts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let host = hosts.entry(authority.to_owned()).or_default();
+        let host = entry(&mut hosts, authority);
         host.open += 1;
         host.opened += 1;
         host.high_water = host.high_water.max(host.open);
@@ -34,7 +46,7 @@ impl Stats {
 
     pub(crate) fn request(&self, authority: &str) {
         let mut hosts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        hosts.entry(authority.to_owned()).or_default().requests += 1;
+        entry(&mut hosts, authority).requests += 1;
     }
 
     pub(crate) fn snapshot(&self) -> BTreeMap<String, HostStats> {
@@ -59,5 +71,24 @@ impl Drop for OpenGuard {
             host.open = host.open.saturating_sub(1);
             host.closed += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_stay_bounded_and_open_connections_are_never_forgotten() {
+        let stats = Stats::default();
+        let open = stats.opened("busy:443");
+        for i in 0..1000 {
+            stats.request(&format!("host-{i}:443"));
+        }
+        let snapshot = stats.snapshot();
+        assert!(snapshot.len() <= MAX_TRACKED_HOSTS, "{}", snapshot.len());
+        assert_eq!(snapshot["busy:443"].open, 1);
+        drop(open);
+        assert_eq!(stats.snapshot()["busy:443"].closed, 1);
     }
 }
