@@ -316,7 +316,10 @@ impl Config {
             ),
             ("upstream.fan_out", self.upstream.fan_out),
             ("upstream.max_bundle_bytes", self.upstream.max_bundle_bytes),
-            ("server.max_secrets_per_mount", self.server.max_secrets_per_mount),
+            (
+                "server.max_secrets_per_mount",
+                self.server.max_secrets_per_mount,
+            ),
             ("upstream.max_attempts", self.upstream.max_attempts as usize),
         ] {
             if value == 0 {

@@ -4,6 +4,7 @@
 mod compat;
 mod demo;
 mod deps;
+mod fuzz;
 mod procs;
 mod soak;
 
@@ -20,6 +21,8 @@ commands:
   compat [options]   the real grpc-go client against the provider and the emulator, dialled
                      as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
+  fuzz [--cases N]   every property test over tenant or upstream input (HPACK, request
+                     fields, parameters, JWTs, keys, bundles, ...) with N cases each
   check-deps         fail if the dependency graph has a second crypto or TLS stack
                      (ring, openssl, openssl-sys, native-tls, reqwest, rsa) or duplicate major
                      versions of tonic, hyper, rustls, tower, tower-http, prost, aws-lc-rs
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
         Some("soak") => soak::run(rest),
         Some("compat") => compat::run(rest),
+        Some("fuzz") => fuzz::run(rest),
         Some("check-deps") => deps::check(),
         Some("help" | "--help" | "-h") | None => {
             eprint!("{USAGE}");

@@ -20,6 +20,8 @@
 
 mod clock;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod identity;
 mod jwt;
 mod key;

@@ -21,6 +21,8 @@
 #[cfg(feature = "client")]
 pub mod client;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod listener;
 mod path;
 mod request;

@@ -62,7 +62,10 @@ impl Permits {
 
     #[cfg(test)]
     fn tracked(&self) -> usize {
-        self.hosts.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.hosts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -75,7 +78,10 @@ mod permit_tests {
         let permits = Permits::new(2);
         let held = permits.of("busy:443").try_acquire_owned().unwrap();
         for i in 0..1000 {
-            let _ = permits.of(&format!("host-{i}:443")).try_acquire_owned().unwrap();
+            let _ = permits
+                .of(&format!("host-{i}:443"))
+                .try_acquire_owned()
+                .unwrap();
         }
         // Only the busy host and the last one asked for remain.
         assert_eq!(permits.tracked(), 2);

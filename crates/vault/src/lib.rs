@@ -20,6 +20,8 @@
 mod bundle;
 mod client;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod request;
 mod retry;
 

@@ -262,7 +262,7 @@ fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 
 /// The tenancy from the leaf certificate's subject: the first attribute value starting
 /// with `opc-tenant:` (spec 4.2 step 3).
-fn tenancy(der: &[u8]) -> Option<String> {
+pub(super) fn tenancy(der: &[u8]) -> Option<String> {
     const SEQUENCE: u8 = 0x30;
     let (SEQUENCE, certificate, _) = tlv(der)? else {
         return None;

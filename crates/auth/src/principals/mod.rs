@@ -586,3 +586,24 @@ pub(crate) async fn session_key() -> Result<Arc<crate::PrivateKey>, AuthError> {
         .map(Arc::new)
         .map_err(AuthError::SessionKey)
 }
+
+/// The pure parsers of this module, for the property tests in `crate::fuzz`.
+#[cfg(test)]
+pub(crate) fn fuzz_check_token(
+    token: &secrecy::SecretString,
+    namespace: &str,
+    service_account: &str,
+    now: std::time::SystemTime,
+) -> bool {
+    workload::check_token(token, namespace, service_account, now).is_ok()
+}
+
+#[cfg(test)]
+pub(crate) fn fuzz_proxymux_reply(body: &[u8]) -> Result<(), &'static str> {
+    workload::parse_proxymux_reply(body).map(|_| ())
+}
+
+#[cfg(test)]
+pub(crate) fn fuzz_tenancy(der: &[u8]) -> Option<String> {
+    instance::tenancy(der)
+}

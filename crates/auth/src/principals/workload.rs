@@ -45,7 +45,7 @@ impl Session {
 }
 
 /// What we read of a service-account token without verifying it.
-struct TokenInfo {
+pub(super) struct TokenInfo {
     exp: SystemTime,
     uid: Option<String>,
 }
@@ -53,7 +53,7 @@ struct TokenInfo {
 /// The local checks of spec 3.3 (three-part JWT, Base64url JSON, `exp` more than five
 /// minutes away), plus: the token belongs to this namespace and service account when it
 /// says so.
-fn check_token(
+pub(super) fn check_token(
     token: &SecretString,
     namespace: &str,
     service_account: &str,
@@ -315,34 +315,8 @@ async fn exchange(
             detail: error_detail(response.body()),
         });
     }
-    // A JSON string literal around standard Base64 of {"token":"ST$<rpst>"}.
-    let body = response.body();
-    let quoted = body.len() >= 2 && body.first() == Some(&b'"') && body.last() == Some(&b'"');
-    if !quoted {
-        return Err(malformed("the body is not a quoted string"));
-    }
-    let decoded = Zeroizing::new(
-        STANDARD
-            .decode(&body[1..body.len() - 1])
-            .map_err(|_| malformed("the body is not base64"))?,
-    );
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&decoded)
-        .map_err(|_| malformed("the decoded body is not a json object"))?;
-    let rpst = object
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("token"))
-        .and_then(|(_, v)| v.as_str())
-        .filter(|t| t.len() >= 3)
-        .ok_or_else(|| malformed("no token member"))?;
-    // The SDK strips the first three characters (`ST$`) without looking at them.
-    let rpst = rpst
-        .get(3..)
-        .ok_or_else(|| malformed("the token is not text"))?;
-    let claims = jwt::claims(rpst).map_err(malformed)?;
-    let exp = jwt::exp(&claims).map_err(malformed)?;
-    if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
-        return Err(malformed("the token has no res_tenant claim"));
-    }
+    let (rpst, exp) = parse_proxymux_reply(response.body()).map_err(malformed)?;
+    let rpst = rpst.as_str();
     let identity = Identity::Workload {
         namespace: namespace.to_owned(),
         service_account: service_account.to_owned(),
@@ -358,4 +332,37 @@ async fn exchange(
         pod,
         invalidated: false,
     })
+}
+
+/// The proxymux answer: a JSON string literal around standard Base64 of
+/// `{"token":"ST$<rpst>"}`; the RPST (a JWT with `exp` and `res_tenant`) and its expiry.
+/// Failures are described, never quoted (the body holds a token).
+pub(super) fn parse_proxymux_reply(
+    body: &[u8],
+) -> Result<(Zeroizing<String>, SystemTime), &'static str> {
+    let quoted = body.len() >= 2 && body.first() == Some(&b'"') && body.last() == Some(&b'"');
+    if !quoted {
+        return Err("the body is not a quoted string");
+    }
+    let decoded = Zeroizing::new(
+        STANDARD
+            .decode(&body[1..body.len() - 1])
+            .map_err(|_| "the body is not base64")?,
+    );
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&decoded).map_err(|_| "the decoded body is not a json object")?;
+    let token = object
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("token"))
+        .and_then(|(_, v)| v.as_str())
+        .filter(|t| t.len() >= 3)
+        .ok_or("no token member")?;
+    // The SDK strips the first three characters (`ST$`) without looking at them.
+    let rpst = token.get(3..).ok_or("the token is not text")?;
+    let claims = jwt::claims(rpst)?;
+    let exp = jwt::exp(&claims)?;
+    if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
+        return Err("the token has no res_tenant claim");
+    }
+    Ok((Zeroizing::new(rpst.to_owned()), exp))
 }

@@ -246,3 +246,27 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Arbitrary text as the `secrets` parameter and the auth fields: a typed
+    /// InvalidArgument (or a parse) and never a panic.
+    #[test]
+    fn fuzz_arbitrary_parameters(secrets in ".{0,300}", auth in ".{0,12}", vault in ".{0,40}",
+                                 yaml in "(- |  |name: |stage: |versionNumber: |fileName: |\n|[a-z0-9\"'{}\\[\\],:&*!|>-]){0,60}") {
+        for secrets in [secrets, yaml] {
+            let attributes: BTreeMap<String, String> = [
+                ("secrets".to_owned(), secrets),
+                ("authType".to_owned(), auth.clone()),
+                ("vaultId".to_owned(), vault.clone()),
+                ("authSecretName".to_owned(), "s".to_owned()),
+            ]
+            .into_iter()
+            .collect();
+            if let Err(e) = MountParameters::parse(&attributes, &pod()) {
+                prop_assert_eq!(MountError::from(e).kind(), ErrorKind::InvalidArgument);
+            }
+        }
+    }
+}
