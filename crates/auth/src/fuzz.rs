@@ -56,7 +56,7 @@ fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
 const SAMPLE_CLAIMS: &str = r#"{"exp":1700000000,"iat":1699990000,"kubernetes.io":{"namespace":"app","serviceaccount":{"name":"web","uid":"u-1"},"pod":{"name":"p","uid":"pu"}},"res_tenant":"t"}"#;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::default())] // 256 cases, or PROPTEST_CASES
 
     #[test]
     fn fuzz_jwt_claims_and_exp(text in ".{0,300}", edits in edits(), exp in any::<f64>()) {

@@ -19,7 +19,7 @@ fn mutate(sample: &str, edits: &[(prop::sample::Index, u8)]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::default())] // 256 cases, or PROPTEST_CASES
 
     #[test]
     fn fuzz_mount_requests(attributes in ".{0,200}", secrets in ".{0,100}", permission in ".{0,12}",

@@ -12,7 +12,7 @@ use crate::bundle;
 const SAMPLE: &str = r#"{"secretId":"ocid1.vaultsecret.oc1..a","versionNumber":3,"versionName":"v3","stages":["CURRENT","LATEST"],"timeCreated":"2026-01-01T00:00:00Z","secretBundleContent":{"contentType":"BASE64","content":"c2VjcmV0"}}"#;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::default())] // 256 cases, or PROPTEST_CASES
 
     #[test]
     fn fuzz_secret_bundles(body in proptest::collection::vec(any::<u8>(), 0..400),

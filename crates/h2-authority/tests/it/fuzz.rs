@@ -86,7 +86,7 @@ fn check_output(out: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::default())] // 256 cases, or PROPTEST_CASES
 
     #[test]
     fn random_bytes_after_the_preface(tail in proptest::collection::vec(any::<u8>(), 0..4096)) {

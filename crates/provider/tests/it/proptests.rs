@@ -248,7 +248,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::default())] // 256 cases, or PROPTEST_CASES
 
     /// Arbitrary text as the `secrets` parameter and the auth fields: a typed
     /// InvalidArgument (or a parse) and never a panic.
