@@ -14,7 +14,7 @@ use vault::{RetryPolicy, VaultClient};
 use crate::config::Config;
 
 /// The mount service the gRPC server calls.
-pub(crate) type Mount = OciMount<VaultClient<Signing<HttpService>>>;
+pub(crate) type Mount = OciMount<Principals, VaultClient<Signing<HttpService>>>;
 
 /// Everything a running provider holds.
 pub(crate) struct Stack {
@@ -118,7 +118,7 @@ pub(crate) fn build(
     let vault = VaultClient::new(signing, retry).with_max_body_bytes(u.max_bundle_bytes);
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let mount = OciMount::new(
-        Arc::new(principals),
+        principals,
         vault,
         MountConfig {
             fan_out: u.fan_out,

@@ -16,4 +16,4 @@ pub use config::{DEFAULT_INSTANCE_METADATA, Endpoints, HttpsUrl, MetadataUrl};
 pub use params::{
     AuthSpec, DEFAULT_MAX_SECRETS, MountParameters, ParamError, SecretSpec, Stage, VersionSelector,
 };
-pub use service::{Authenticate, BoxFuture, MountConfig, OciMount};
+pub use service::{IdentityService, MountConfig, OciMount};

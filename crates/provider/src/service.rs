@@ -1,7 +1,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -16,25 +15,36 @@ use tower::{Service, ServiceExt};
 use crate::budget::{ByteBudget, Reservation};
 use crate::params::{AuthSpec, MountParameters, SecretSpec, VersionSelector};
 
-/// A boxed future, as the mount service returns.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Establishes the identity of a mount; `auth::Principals` in production.
-pub trait Authenticate: Send + Sync + fmt::Debug + 'static {
-    /// Validates the mount's credentials and readies the identity's signing key.
-    fn establish<'a>(
-        &'a self,
-        request: &'a auth::IdentityRequest,
-    ) -> BoxFuture<'a, Result<auth::Established, auth::AuthError>>;
+/// What the mount service needs of the identity service: `auth::Principals`, or any
+/// cloneable tower service from an [`auth::IdentityRequest`] to an [`auth::Established`]
+/// identity (a mock in tests). Every such service implements it.
+pub trait IdentityService:
+    Service<
+        auth::IdentityRequest,
+        Response = auth::Established,
+        Error = auth::AuthError,
+        Future = <Self as IdentityService>::IdentityFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The service's future.
+    type IdentityFuture: Future<Output = Result<auth::Established, auth::AuthError>>
+        + Send
+        + 'static;
 }
 
-impl Authenticate for auth::Principals {
-    fn establish<'a>(
-        &'a self,
-        request: &'a auth::IdentityRequest,
-    ) -> BoxFuture<'a, Result<auth::Established, auth::AuthError>> {
-        Box::pin(auth::Principals::establish(self, request))
-    }
+impl<A> IdentityService for A
+where
+    A: Service<auth::IdentityRequest, Response = auth::Established, Error = auth::AuthError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    A::Future: Send + 'static,
+{
+    type IdentityFuture = A::Future;
 }
 
 /// Bounds of one mount.
@@ -68,13 +78,13 @@ impl Default for MountConfig {
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the secrets
 /// fetched concurrently (bounded), all or nothing.
-pub struct OciMount<V> {
-    auth: Arc<dyn Authenticate>,
+pub struct OciMount<A, V> {
+    auth: A,
     vault: V,
     config: Arc<MountConfig>,
 }
 
-impl<V: Clone> Clone for OciMount<V> {
+impl<A: Clone, V: Clone> Clone for OciMount<A, V> {
     fn clone(&self) -> Self {
         Self {
             auth: self.auth.clone(),
@@ -84,17 +94,17 @@ impl<V: Clone> Clone for OciMount<V> {
     }
 }
 
-impl<V> fmt::Debug for OciMount<V> {
+impl<A, V> fmt::Debug for OciMount<A, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OciMount")
-            .field("auth", &self.auth)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
 
-impl<V> OciMount<V>
+impl<A, V> OciMount<A, V>
 where
+    A: IdentityService,
     V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
         + Clone
         + Send
@@ -102,8 +112,9 @@ where
         + 'static,
     V::Future: Send + 'static,
 {
-    /// A mount service establishing identities with `auth` and fetching through `vault`.
-    pub fn new(auth: Arc<dyn Authenticate>, vault: V, config: MountConfig) -> Self {
+    /// A mount service establishing identities with `auth` (a tower service, usually
+    /// `auth::Principals`) and fetching through `vault`.
+    pub fn new(auth: A, vault: V, config: MountConfig) -> Self {
         Self {
             auth,
             vault,
@@ -138,7 +149,8 @@ where
         };
         let established = self
             .auth
-            .establish(&identity_request)
+            .clone()
+            .oneshot(identity_request)
             .await
             .map_err(auth_error)?;
         // The reservations are held until the answer is assembled and handed on.
@@ -486,8 +498,9 @@ fn assemble(
     })
 }
 
-impl<V> Service<MountRequest> for OciMount<V>
+impl<A, V> Service<MountRequest> for OciMount<A, V>
 where
+    A: IdentityService,
     V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
         + Clone
         + Send
@@ -497,7 +510,7 @@ where
 {
     type Response = MountResponse;
     type Error = MountError;
-    type Future = BoxFuture<'static, Result<MountResponse, MountError>>;
+    type Future = futures_util::future::BoxFuture<'static, Result<MountResponse, MountError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), MountError>> {
         Poll::Ready(Ok(()))

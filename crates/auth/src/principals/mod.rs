@@ -507,6 +507,27 @@ impl Inner {
     }
 }
 
+/// Establishing identities as a tower service: what the mount service calls, so it can be
+/// tested against a `tower-test` mock. Always ready (each call waits only on its own
+/// identity's single flight); clones share the caches.
+impl tower::Service<IdentityRequest> for Principals {
+    type Response = Established;
+    type Error = AuthError;
+    type Future = BoxFuture<'static, Result<Established, AuthError>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), AuthError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: IdentityRequest) -> Self::Future {
+        let principals = self.clone();
+        Box::pin(async move { principals.establish(&request).await })
+    }
+}
+
 impl Credentials for Principals {
     fn signing_key<'a>(
         &'a self,

@@ -5,19 +5,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oci_csi_provider::{Authenticate, BoxFuture, MountConfig, OciMount};
+use futures_util::future::BoxFuture;
+use oci_csi_provider::{MountConfig, OciMount};
 
 /// Establishes every request as the workload identity of its pod.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Auth {
-    pub calls: AtomicUsize,
+    pub calls: Arc<AtomicUsize>,
 }
 
-impl Authenticate for Auth {
-    fn establish<'a>(
-        &'a self,
-        request: &'a auth::IdentityRequest,
-    ) -> BoxFuture<'a, Result<auth::Established, auth::AuthError>> {
+impl tower::Service<auth::IdentityRequest> for Auth {
+    type Response = auth::Established;
+    type Error = auth::AuthError;
+    type Future = BoxFuture<'static, Result<auth::Established, auth::AuthError>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: auth::IdentityRequest) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             Ok(auth::Established {
@@ -188,6 +197,6 @@ impl tower::Service<vault::SecretRequest> for Vault {
     }
 }
 
-pub fn mount_service(vault: Vault) -> OciMount<Vault> {
-    OciMount::new(Arc::new(Auth::default()), vault, MountConfig::default())
+pub fn mount_service(vault: Vault) -> OciMount<Auth, Vault> {
+    OciMount::new(Auth::default(), vault, MountConfig::default())
 }

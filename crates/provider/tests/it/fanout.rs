@@ -1,6 +1,5 @@
 //! Fetching: fan-out, all or nothing, error precedence, cancellation, assembly.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountRequest, MountResponse};
@@ -34,7 +33,7 @@ pub fn request(secrets: &str) -> MountRequest {
 }
 
 async fn mount(
-    service: OciMount<Vault>,
+    service: OciMount<Auth, Vault>,
     secrets: &str,
 ) -> Result<MountResponse, csi_grpc::MountError> {
     service.oneshot(request(secrets)).await
@@ -126,7 +125,7 @@ async fn one_secret_mounted_twice_gets_distinct_version_ids() {
 async fn fetches_run_concurrently_up_to_the_fan_out() {
     let vault = Vault::default();
     let service = OciMount::new(
-        Arc::new(Auth::default()),
+        Auth::default(),
         vault.clone(),
         MountConfig {
             fan_out: 3,
@@ -256,7 +255,7 @@ async fn a_mount_larger_than_the_driver_accepts_is_resource_exhausted() {
         },
     );
     let service = OciMount::new(
-        Arc::new(Auth::default()),
+        Auth::default(),
         vault,
         MountConfig {
             max_total_bytes: 1024,

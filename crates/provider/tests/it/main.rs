@@ -5,6 +5,7 @@
 
 mod fakes;
 mod fanout;
+mod identity;
 mod memory;
 mod params;
 mod proptests;

@@ -1,6 +1,5 @@
 //! What one mount, and all mounts in flight, may hold in memory (issue 9, item 1).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountError};
@@ -26,11 +25,7 @@ async fn the_size_limit_fails_the_mount_as_soon_as_it_is_passed_and_cancels_the_
         .with("a", big(2 << 20))
         .with("b", big(2 << 20))
         .with("slow", Behaviour::Hang);
-    let service = OciMount::new(
-        Arc::new(Auth::default()),
-        vault.clone(),
-        MountConfig::default(),
-    );
+    let service = OciMount::new(Auth::default(), vault.clone(), MountConfig::default());
     let err = service
         .oneshot(request("- name: a\n- name: b\n- name: slow\n"))
         .await
@@ -119,7 +114,7 @@ async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
         budget: Some(budget.clone()),
         ..MountConfig::default()
     };
-    let service = OciMount::new(Arc::new(Auth::default()), vault, config);
+    let service = OciMount::new(Auth::default(), vault, config);
     let mounts: Vec<_> = (0..300)
         .map(|_| {
             let service = service.clone();
@@ -170,7 +165,7 @@ async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
         fetch_reserve_bytes: 256 * 1024,
         ..MountConfig::default()
     };
-    let service = OciMount::new(Arc::new(Auth::default()), vault, config);
+    let service = OciMount::new(Auth::default(), vault, config);
     let response = service.oneshot(request("- name: a\n")).await.unwrap();
     assert_eq!(response.files[0].contents.len(), 1000);
     assert_eq!(budget.used(), 0);
