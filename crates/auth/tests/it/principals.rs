@@ -252,16 +252,21 @@ fn user_request() -> IdentityRequest {
     )
 }
 
-#[tokio::test]
-async fn user_principal_end_to_end_signs_verified_post_and_get() {
-    let fx = start(
+/// The emulator with a valid user principal Secret `oci-config` in `NS`.
+async fn user_fixture() -> Fixture {
+    start(
         user_seed(
             &user_config(&user_key().fingerprint()),
             &fixture("rsa-pkcs1.pem"),
         ),
         |_, _| {},
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn user_principal_end_to_end_signs_verified_post_and_get() {
+    let fx = user_fixture().await;
     let established = fx.principals.establish(&user_request()).await.unwrap();
     assert_eq!(
         established.identity,
@@ -318,14 +323,7 @@ async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprint
 
 #[tokio::test]
 async fn a_user_key_past_its_ttl_is_read_again_when_signing() {
-    let fx = start(
-        user_seed(
-            &user_config(&user_key().fingerprint()),
-            &fixture("rsa-pkcs1.pem"),
-        ),
-        |_, _| {},
-    )
-    .await;
+    let fx = user_fixture().await;
     let established = fx.principals.establish(&user_request()).await.unwrap();
     let reads = fx.emu.stats().arrived(Endpoint::Kube);
     // The mount established, then took longer than the TTL: the key is not served stale.
@@ -337,14 +335,7 @@ async fn a_user_key_past_its_ttl_is_read_again_when_signing() {
 
 #[tokio::test]
 async fn mounts_established_before_a_401_sign_with_the_secret_read_again() {
-    let fx = start(
-        user_seed(
-            &user_config(&user_key().fingerprint()),
-            &fixture("rsa-pkcs1.pem"),
-        ),
-        |_, _| {},
-    )
-    .await;
+    let fx = user_fixture().await;
     let first = fx.principals.establish(&user_request()).await.unwrap();
     let second = fx.principals.establish(&user_request()).await.unwrap();
     // The first mount's request is refused (a key rotated in OCI, say): the cached key is

@@ -118,7 +118,7 @@ async fn the_grace_period_bounds_the_wait_for_in_flight_mounts() {
     );
 }
 
-/// A provider serving `path` as `name`, stopped by dropping or sending on the sender.
+/// A provider serving `path` as `name`, stopped by sending on the sender.
 fn serve_as(
     path: &std::path::Path,
     name: &str,
@@ -126,28 +126,18 @@ fn serve_as(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
-    use secrets_store_csi_grpc::{CsiProvider, Endpoint, Listener, ServerInfo, serve};
-    let listener = Listener::bind(&Endpoint::Unix(path.to_owned()), 0o600).unwrap();
-    let info = ServerInfo {
+    let info = secrets_store_csi_grpc::ServerInfo {
         runtime_name: name.into(),
         runtime_version: "1.0.0".into(),
     };
     let (service, _entered, _release) = gated();
-    let provider = CsiProvider::new(service, info, MountLimits::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        serve(
-            listener,
-            provider,
-            async move {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    });
-    (stop, done)
+    crate::support::start_at(
+        path,
+        info,
+        service,
+        MountLimits::default(),
+        Duration::from_secs(5),
+    )
 }
 
 async fn runtime_name(client: &mut secrets_store_csi_grpc::client::Client) -> String {

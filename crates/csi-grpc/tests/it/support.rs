@@ -54,9 +54,29 @@ where
 {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("provider.sock");
-    let listener = Listener::bind(&Endpoint::Unix(path.clone()), 0o600).unwrap();
+    let (stop, done) = start_at(&path, info(), inner, limits, grace);
+    Running {
+        path,
+        dir,
+        stop: Some(stop),
+        done,
+    }
+}
+
+/// A server on `path` answering `Version` with `info`, stopped by sending on the sender.
+pub fn start_at<S>(
+    path: &Path,
+    info: ServerInfo,
+    inner: S,
+    limits: MountLimits,
+    grace: Duration,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>)
+where
+    S: MountService,
+{
+    let listener = Listener::bind(&Endpoint::Unix(path.to_owned()), 0o600).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let provider = CsiProvider::new(inner, info(), limits);
+    let provider = CsiProvider::new(inner, info, limits);
     let done = tokio::spawn(async move {
         serve(
             listener,
@@ -69,12 +89,7 @@ where
         .await
         .unwrap();
     });
-    Running {
-        path,
-        dir,
-        stop: Some(stop),
-        done,
-    }
+    (stop, done)
 }
 
 /// A mount request the way the driver builds one.
