@@ -2,7 +2,7 @@ use crate::region::RegionError;
 use crate::{Identity, KeyError};
 
 /// A boxed error, as tower layers pass them around.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use tower::BoxError;
 
 /// What kind of failure an [`AuthError`] is, so the provider can map it to a gRPC code
 /// without knowing every variant.

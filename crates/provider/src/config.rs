@@ -3,9 +3,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Default instance metadata base (spec 4.1). No test may ever use it: tests point
-/// `instance_metadata` at the emulator.
-pub const DEFAULT_INSTANCE_METADATA: &str = "http://169.254.169.254/opc/v2";
+/// Instance metadata v2, where the instance principal starts (defined once, in `auth`).
+pub use auth::DEFAULT_INSTANCE_METADATA;
 /// The in-cluster service-account directory.
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
