@@ -113,3 +113,90 @@ pub(crate) fn check() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use crate::procs::root;
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if !path.ends_with("target") {
+                    rust_files(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Invariant 1 (one transport per process) is enforced by clippy's
+    /// `disallowed-methods`/`disallowed-types` with `-D warnings` in `.ci/run`. This test
+    /// keeps that enforcement real: the configuration still names every client builder,
+    /// and the only places allowed to build one are the transport and the testkit's tests.
+    #[test]
+    fn only_the_transport_builds_http_clients_or_tls_connectors() {
+        let root = root();
+        let clippy = std::fs::read_to_string(root.join("clippy.toml")).unwrap();
+        for path in [
+            "hyper_util::client::legacy::Client::builder",
+            "hyper_util::client::legacy::Builder::build",
+            "hyper::client::conn::http1::handshake",
+            "hyper::client::conn::http2::handshake",
+            "rustls::ClientConfig::builder",
+            "rustls::ClientConfig::builder_with_provider",
+            "tokio_rustls::TlsConnector",
+        ] {
+            assert!(
+                clippy.contains(&format!("path = \"{path}\"")),
+                "clippy.toml no longer disallows {path}"
+            );
+        }
+        let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+        assert!(ci.contains("cargo clippy --workspace --all-targets --locked -- -D warnings"));
+
+        let mut files = Vec::new();
+        for dir in ["crates", "bin", "xtask"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        assert!(
+            files.len() > 50,
+            "the source tree was read: {}",
+            files.len()
+        );
+        let allowed = |path: &Path| {
+            let path = path.strip_prefix(&root).unwrap_or(path);
+            path.starts_with("crates/transport/src") || path.starts_with("crates/testkit/tests")
+        };
+        let needles = [
+            ["allow(clippy::", "disallowed_methods"].concat(),
+            ["allow(clippy::", "disallowed_types"].concat(),
+        ];
+        let mut offenders = Vec::new();
+        let mut in_transport = 0;
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if needles.iter().any(|n| text.contains(n.as_str())) {
+                if allowed(file) {
+                    in_transport += 1;
+                } else {
+                    offenders.push(file.display().to_string());
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "clients built outside the transport: {offenders:?}"
+        );
+        assert!(
+            in_transport >= 3,
+            "the transport's own reasoned allows were found"
+        );
+    }
+}
