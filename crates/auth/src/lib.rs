@@ -44,3 +44,8 @@ pub use signing::{
     SigningKey, SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request,
     sign_request, signing_string,
 };
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -54,3 +54,8 @@ pub use server::{
 
 /// The only API version of the provider contract.
 pub const API_VERSION: &str = "v1alpha1";
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -201,3 +201,8 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
         self.io.connect_info()
     }
 }
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

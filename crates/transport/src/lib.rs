@@ -34,3 +34,8 @@ pub use config::{Proxy, TransportConfig};
 pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
 pub use stats::HostStats;
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

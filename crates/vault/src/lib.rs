@@ -30,3 +30,8 @@ pub use client::{DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::RetryPolicy;
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
