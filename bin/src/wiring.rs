@@ -115,7 +115,12 @@ pub(crate) fn build(
         max_attempts: u.max_attempts,
         ..RetryPolicy::default()
     };
-    let vault = VaultClient::new(signing, retry).with_max_body_bytes(u.max_bundle_bytes);
+    let vault = VaultClient::new(signing, retry)
+        .with_user_agent(concat!(
+            "oci-secrets-store-csi-driver-provider/",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .with_max_body_bytes(u.max_bundle_bytes);
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let mount = OciMount::new(
         principals,

@@ -23,11 +23,9 @@ const OPC_REQUEST_ID: HeaderName = HeaderName::from_static("opc-request-id");
 /// Tells OCI whether the client retries (spec 2.4).
 const OPC_CLIENT_RETRIES: HeaderName = HeaderName::from_static("opc-client-retries");
 
-/// The default `User-Agent`.
-pub const DEFAULT_USER_AGENT: &str = concat!(
-    "oci-secrets-store-csi-driver-provider/",
-    env!("CARGO_PKG_VERSION")
-);
+/// The default `User-Agent`: this library's name and version; an application sets its own
+/// with [`VaultClient::with_user_agent`].
+pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_VERSION"));
 
 /// The OCI Secrets API client as a tower service: a [`SecretRequest`] in, a
 /// [`SecretBundle`] out.
@@ -480,7 +478,7 @@ mod tests {
                 r.headers()["user-agent"]
                     .to_str()
                     .unwrap()
-                    .starts_with("oci-secrets-store-csi-driver-provider/")
+                    .starts_with("oci-csi-vault/")
             );
             assert_eq!(r.extensions().get::<Identity>(), Some(&Identity::Instance));
             assert_eq!(
