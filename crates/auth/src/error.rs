@@ -19,12 +19,33 @@ pub enum ErrorKind {
     /// A credential was refused or is invalid (a 401 from OCI, the proxymux or
     /// federation; an invalid service-account token).
     Unauthenticated,
-    /// An endpoint is unreachable or answered with a server error.
+    /// An endpoint throttled the request (HTTP 429) until the retries or the deadline ran
+    /// out.
+    ResourceExhausted,
+    /// An endpoint is unreachable or answered with a server error (5xx, 409).
     Unavailable,
     /// The mount's deadline passed.
     DeadlineExceeded,
     /// A bug or an unexpected state.
     Internal,
+}
+
+impl ErrorKind {
+    /// The one classification of HTTP error statuses below the gRPC edge (auth's remote
+    /// calls and the Secrets API alike): 400/422 InvalidArgument, 401 Unauthenticated,
+    /// 403 PermissionDenied, 404 NotFound, 429 ResourceExhausted, 409 and 5xx Unavailable,
+    /// anything else Internal (an answer this client does not expect is a bug to report).
+    pub fn from_http_status(status: u16) -> Self {
+        match status {
+            400 | 422 => ErrorKind::InvalidArgument,
+            401 => ErrorKind::Unauthenticated,
+            403 => ErrorKind::PermissionDenied,
+            404 => ErrorKind::NotFound,
+            429 => ErrorKind::ResourceExhausted,
+            409 | 500..=599 => ErrorKind::Unavailable,
+            _ => ErrorKind::Internal,
+        }
+    }
 }
 
 /// A remote endpoint auth talks to, for error messages.
@@ -276,13 +297,7 @@ impl AuthError {
             | AuthError::MissingRequestField(_)
             | AuthError::UserSecret { .. } => ErrorKind::InvalidArgument,
             AuthError::UserSecretNotFound { .. } => ErrorKind::NotFound,
-            AuthError::Status { status, .. } => match status {
-                401 => ErrorKind::Unauthenticated,
-                403 => ErrorKind::PermissionDenied,
-                404 => ErrorKind::NotFound,
-                400 | 422 => ErrorKind::InvalidArgument,
-                _ => ErrorKind::Unavailable,
-            },
+            AuthError::Status { status, .. } => ErrorKind::from_http_status(*status),
             AuthError::MalformedResponse { .. }
             | AuthError::TokenFile { .. }
             | AuthError::InstanceCertificate(_) => ErrorKind::Unavailable,
@@ -293,6 +308,32 @@ impl AuthError {
             },
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
+        }
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::ErrorKind;
+
+    #[test]
+    fn one_classification_of_http_statuses() {
+        for (status, kind) in [
+            (400, ErrorKind::InvalidArgument),
+            (422, ErrorKind::InvalidArgument),
+            (401, ErrorKind::Unauthenticated),
+            (403, ErrorKind::PermissionDenied),
+            (404, ErrorKind::NotFound),
+            (429, ErrorKind::ResourceExhausted),
+            (409, ErrorKind::Unavailable),
+            (500, ErrorKind::Unavailable),
+            (503, ErrorKind::Unavailable),
+            (599, ErrorKind::Unavailable),
+            (405, ErrorKind::Internal),
+            (302, ErrorKind::Internal),
+            (200, ErrorKind::Internal),
+        ] {
+            assert_eq!(ErrorKind::from_http_status(status), kind, "{status}");
         }
     }
 }

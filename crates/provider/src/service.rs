@@ -317,32 +317,29 @@ fn selector(spec: &SecretSpec) -> vault::Selector {
 }
 
 fn auth_error(err: auth::AuthError) -> MountError {
-    let kind = match err.kind() {
-        auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-        auth::ErrorKind::NotFound => ErrorKind::NotFound,
-        auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-        auth::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
-        auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
-        auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
-        // Kinds added to auth later are bugs until mapped here.
-        _ => ErrorKind::Internal,
-    };
     MountError::new(
-        kind,
+        grpc_kind(err.kind()),
         format!("unable to establish the OCI identity: {}", chain(&err)),
     )
 }
 
 fn vault_kind(err: &vault::VaultError) -> ErrorKind {
-    match err.kind() {
-        vault::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-        vault::ErrorKind::NotFound => ErrorKind::NotFound,
-        vault::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-        vault::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
-        vault::ErrorKind::ResourceExhausted => ErrorKind::ResourceExhausted,
-        vault::ErrorKind::Unavailable => ErrorKind::Unavailable,
-        vault::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
-        vault::ErrorKind::Internal => ErrorKind::Internal,
+    grpc_kind(err.kind())
+}
+
+/// The one mapping from the kind below the gRPC edge (auth's, which vault shares) to the
+/// gRPC code.
+fn grpc_kind(kind: auth::ErrorKind) -> ErrorKind {
+    match kind {
+        auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+        auth::ErrorKind::NotFound => ErrorKind::NotFound,
+        auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        auth::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
+        auth::ErrorKind::ResourceExhausted => ErrorKind::ResourceExhausted,
+        auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
+        auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+        // Kinds added to auth later are bugs until mapped here.
+        _ => ErrorKind::Internal,
     }
 }
 

@@ -7,28 +7,8 @@ use transport::TransportError;
 
 use crate::bundle::MalformedBundle;
 
-/// The class of a failure, which the provider maps to a gRPC code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// OCI rejected the request as malformed (HTTP 400).
-    InvalidArgument,
-    /// The secret or version does not exist, or the principal may not read it (HTTP 404).
-    NotFound,
-    /// The principal is known but not allowed (HTTP 403).
-    PermissionDenied,
-    /// OCI did not accept the signature or key (HTTP 401), or the request could not be
-    /// signed.
-    Unauthenticated,
-    /// OCI throttled the request (HTTP 429) until the retries or the deadline ran out.
-    ResourceExhausted,
-    /// OCI or the network failed (5xx, 409 `IncorrectState`, connection errors) until the
-    /// retries or the deadline ran out.
-    Unavailable,
-    /// The deadline passed during an attempt.
-    DeadlineExceeded,
-    /// Anything that is a bug or a misconfiguration: an unusable response, a bad endpoint.
-    Internal,
-}
+/// The kind of failure: auth's, shared by every crate below the gRPC edge.
+pub use auth::ErrorKind;
 
 /// An OCI error body (`{"code": "...", "message": "..."}`), or what stands for it when the
 /// body is not one (code `BadErrorResponse`, as the Go SDK synthesises).
@@ -297,24 +277,10 @@ impl VaultError {
         match self {
             VaultError::NotFound { .. } => ErrorKind::NotFound,
             VaultError::Unauthenticated { .. } => ErrorKind::Unauthenticated,
-            VaultError::Signing { source, .. } => match source.kind() {
-                auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-                auth::ErrorKind::NotFound => ErrorKind::NotFound,
-                auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-                auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
-                auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
-                auth::ErrorKind::Internal => ErrorKind::Internal,
-                // Unauthenticated, and whatever kinds auth adds later: the principal could
-                // not be authenticated.
-                _ => ErrorKind::Unauthenticated,
-            },
+            VaultError::Signing { source, .. } => source.kind(),
             VaultError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             VaultError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
-            VaultError::Status { oci, .. } => match oci.status {
-                429 => ErrorKind::ResourceExhausted,
-                409 | 500..=599 => ErrorKind::Unavailable,
-                _ => ErrorKind::Internal,
-            },
+            VaultError::Status { oci, .. } => ErrorKind::from_http_status(oci.status),
             VaultError::Malformed { .. }
             | VaultError::InvalidRequest { .. }
             | VaultError::Other { .. } => ErrorKind::Internal,
