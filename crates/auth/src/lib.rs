@@ -39,6 +39,7 @@ pub use principals::{
     DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, IdentityRequest,
     PrincipalKind, Principals, PrincipalsConfig,
 };
+pub use remote::opc_request_id;
 pub use signing::{
     BoxFuture, Credentials, EMPTY_BODY_SHA256, KeyId, SignatureProfile, SignedResponse, Signing,
     SigningKey, SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request,

@@ -75,16 +75,45 @@ pub(crate) fn url_host(host: &str) -> String {
     }
 }
 
-/// Random `opc-request-id`: three groups of 32 hex digits separated by `/` (spec 3.3).
-pub(crate) fn request_id() -> String {
-    let mut bytes = [0u8; 48];
-    // On failure (no entropy source) fall back to zeros: the id is for correlation only.
-    let _ = aws_lc_rs::rand::fill(&mut bytes);
-    let hex = |chunk: &[u8]| chunk.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    format!(
-        "{}/{}/{}",
-        hex(&bytes[..16]),
-        hex(&bytes[16..32]),
-        hex(&bytes[32..])
-    )
+/// A fresh `opc-request-id`, the one generator of the workspace: `groups` groups of 16
+/// random bytes as 32 lower-case hex digits, joined by `/` (the Secrets API takes one group,
+/// the proxymux three, spec 3.3). `None` if the system RNG fails; the id is for
+/// correlation only.
+pub fn opc_request_id(groups: usize) -> Option<String> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(groups * 33);
+    for group in 0..groups {
+        let mut bytes = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut bytes).ok()?;
+        if group > 0 {
+            id.push('/');
+        }
+        for byte in bytes {
+            id.push(char::from(HEX[usize::from(byte >> 4)]));
+            id.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+    Some(id)
+}
+
+#[cfg(test)]
+mod request_id_tests {
+    use super::opc_request_id;
+
+    #[test]
+    fn request_ids_are_groups_of_32_hex_digits() {
+        let proxymux = opc_request_id(3).unwrap();
+        let groups: Vec<_> = proxymux.split('/').collect();
+        assert_eq!(groups.len(), 3);
+        for group in &groups {
+            assert_eq!(group.len(), 32);
+            assert!(
+                group
+                    .bytes()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            );
+        }
+        assert_ne!(groups[0], groups[1]);
+        assert_eq!(opc_request_id(1).unwrap().len(), 32);
+    }
 }

@@ -315,20 +315,10 @@ fn header_str<'a>(headers: &'a http::HeaderMap, name: &HeaderName) -> Option<&'a
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// A fresh `opc-request-id`: 16 random bytes as 32 lower-case hex characters, like the
-/// SDK. `None` if the system RNG fails; the header is optional.
+/// A fresh `opc-request-id`: 32 lower-case hex characters, like the SDK (auth's generator).
 fn new_request_id() -> Option<String> {
-    let mut bytes = [0u8; 16];
-    aws_lc_rs::rand::fill(&mut bytes).ok()?;
-    let mut id = String::with_capacity(32);
-    for byte in bytes {
-        id.push(char::from(HEX[usize::from(byte >> 4)]));
-        id.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    Some(id)
+    auth::opc_request_id(1)
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 #[cfg(test)]
 mod tests {
@@ -703,7 +693,7 @@ mod tests {
         let a = new_request_id().unwrap();
         let b = new_request_id().unwrap();
         assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|c| HEX.contains(&c)));
+        assert!(a.bytes().all(|c| b"0123456789abcdef".contains(&c)));
         assert_ne!(a, b);
     }
 }

@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 
 use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
-use crate::remote::{build, error_detail, request_id, send};
+use crate::remote::{build, error_detail, opc_request_id, send};
 use crate::signing::{KeyId, SigningKey};
 use crate::{Identity, jwt};
 
@@ -296,7 +296,11 @@ async fn exchange(
             ))
             .header(AUTHORIZATION, bearer)
             .header(CONTENT_TYPE, "application/json")
-            .header("opc-request-id", request_id()),
+            // Zeros if the RNG fails: the id is for correlation only.
+            .header(
+                "opc-request-id",
+                opc_request_id(3).unwrap_or_else(|| vec!["0".repeat(32); 3].join("/")),
+            ),
         body,
     )?;
     let response = send(
