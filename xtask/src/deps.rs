@@ -104,11 +104,33 @@ pub(crate) fn check() -> anyhow::Result<()> {
             ));
         }
     }
+    // Nor a gRPC client: csi-grpc's `client` feature is for tests and tools.
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args([
+            "tree",
+            "--package",
+            "oci-secrets-store-csi-driver-provider",
+            "--edges",
+            "normal,features",
+            "--invert",
+            "secrets-store-csi-grpc",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .context("cannot run cargo tree for the binary's features")?;
+    let features = String::from_utf8_lossy(&output.stdout);
+    if features.contains("secrets-store-csi-grpc feature \"client\"") {
+        problems.push(
+            "the provider binary enables csi-grpc's client feature (a gRPC client in production)"
+                .to_owned(),
+        );
+    }
     if !problems.is_empty() {
         bail!("dependency policy violated:\n  {}", problems.join("\n  "));
     }
     eprintln!(
-        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}, no test-only crate in the binary",
+        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}, no test-only crate and no gRPC client in the binary",
         versions.len()
     );
     Ok(())
