@@ -30,7 +30,7 @@ pub struct Config {
     /// Logging.
     pub log: LogConfig,
     /// Every remote endpoint, and the files that trust or authenticate them.
-    pub endpoints: provider::Endpoints,
+    pub endpoints: crate::endpoints::Endpoints,
     /// The one HTTPS transport to OCI, the proxymux, instance metadata and the Kubernetes API.
     pub upstream: UpstreamConfig,
     /// Credentials and identities.

@@ -2,6 +2,7 @@
 //! metrics servers, signals. No business logic lives here.
 
 mod config;
+mod endpoints;
 mod flags;
 mod health;
 mod metrics;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 pub use config::{Config, ConfigError, ENV_PREFIX, LogFormat};
+pub use endpoints::{Endpoints, HttpsUrl, MetadataUrl};
 pub use flags::Flags;
 
 /// `runtime_name` answered by `Version`.

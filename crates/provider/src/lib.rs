@@ -7,12 +7,10 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
-mod config;
 mod params;
 mod service;
 
 pub use budget::{ByteBudget, Reservation};
-pub use config::{DEFAULT_INSTANCE_METADATA, Endpoints, HttpsUrl, MetadataUrl};
 pub use params::{
     AuthSpec, DEFAULT_MAX_SECRETS, MountParameters, ParamError, SecretSpec, Stage, VersionSelector,
 };

@@ -607,7 +607,7 @@ impl EmulatorHandle {
         let f = &self.info.files;
         format!(
             "# Written by the OCI emulator (oci-csi-testkit). Every endpoint is on loopback.\n\
-             # The provider's configuration schema: bin/src/config.rs and provider::Endpoints.\n\
+             # The provider's configuration schema: bin/src/config.rs and bin/src/endpoints.rs.\n\
              region = {region:?}\n\n\
              [endpoints]\n\
              secrets = {:?}\n\

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Instance metadata v2, where the instance principal starts (defined once, in `auth`).
-pub use auth::DEFAULT_INSTANCE_METADATA;
+use auth::DEFAULT_INSTANCE_METADATA;
 /// The in-cluster service-account directory.
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
