@@ -103,11 +103,6 @@ pub async fn run(
     }
     let ready = Arc::new(AtomicBool::new(false));
     let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock))?;
-    let metrics = Arc::new(metrics::Metrics::new(
-        env!("CARGO_PKG_VERSION"),
-        stack.transport.clone(),
-        stack.budget.clone(),
-    ));
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
     let health = health::bind(health_addr).await.with_context(|| {
@@ -123,13 +118,7 @@ pub async fn run(
         "health and metrics servers listening"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let http_limits = health::HttpLimits {
-        max_connections: config.server.http_max_connections.max(1),
-        max_connections_per_address: config.server.http_max_connections_per_address.max(1),
-        header_read_timeout: Duration::from_secs(
-            config.server.http_header_read_timeout_seconds.max(1),
-        ),
-    };
+    let http_limits = health::HttpLimits::from(&config.server);
     let health_task = tokio::spawn(health::serve(
         health,
         health::Routes::Health(ready.clone()),
@@ -138,7 +127,7 @@ pub async fn run(
     ));
     let metrics_task = tokio::spawn(health::serve(
         metrics_listener,
-        health::Routes::Metrics(metrics.clone()),
+        health::Routes::Metrics(stack.metrics.clone()),
         http_limits,
         stop_rx.clone(),
     ));
@@ -146,17 +135,7 @@ pub async fn run(
     let endpoint = config.grpc_endpoint()?;
     let listener = csi_grpc::Listener::bind(&endpoint, config.server.endpoint_permissions.0)
         .with_context(|| format!("cannot serve {endpoint} (--endpoint)"))?;
-    let limits = csi_grpc::MountLimits {
-        max_in_flight: config.server.max_in_flight_mounts,
-        default_deadline: Duration::from_secs(config.server.mount_timeout_seconds),
-        max_deadline: Duration::from_secs(config.server.mount_timeout_seconds),
-        ..csi_grpc::MountLimits::default()
-    };
-    let info = csi_grpc::ServerInfo {
-        runtime_name: RUNTIME_NAME.to_owned(),
-        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-    };
-    let provider = csi_grpc::CsiProvider::new(stack.mount, info, limits).with_observer(metrics);
+    let provider = stack.provider;
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
     ready.store(true, Ordering::SeqCst);
 

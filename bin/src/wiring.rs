@@ -1,4 +1,5 @@
-//! Builds the stack of one process: transport -> signing (principals) -> vault -> provider.
+//! Builds the stack of one process, in one place, bottom to top:
+//! transport -> signing (principals) -> vault -> provider -> the CSI gRPC service.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,17 +12,54 @@ use tower::Layer as _;
 use transport::{HttpService, Proxy, Transport, TransportConfig};
 use vault::{RetryPolicy, VaultClient};
 
-use crate::config::Config;
+use crate::config::{Config, ServerConfig, UpstreamConfig};
+use crate::health::HttpLimits;
+use crate::metrics::Metrics;
 
 /// The mount service the gRPC server calls.
 pub(crate) type Mount = OciMount<Principals, VaultClient<Signing<HttpService>>>;
 
 /// Everything a running provider holds.
 pub(crate) struct Stack {
-    pub(crate) transport: Transport,
-    pub(crate) mount: Mount,
-    /// The bytes mounts in flight hold, for the metrics.
-    pub(crate) budget: ByteBudget,
+    /// The CSI gRPC service, ready to serve.
+    pub(crate) provider: csi_grpc::CsiProvider<Mount>,
+    /// What `/metrics` reports (the transport's hosts, the byte budget, the mounts).
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl From<&UpstreamConfig> for TransportConfig {
+    fn from(u: &UpstreamConfig) -> Self {
+        TransportConfig {
+            max_connections_per_host: u.max_connections_per_host,
+            max_idle_per_host: u.max_idle_per_host,
+            idle_timeout: Duration::from_secs(u.idle_timeout_seconds),
+            connect_timeout: Duration::from_secs(u.connect_timeout_seconds),
+            request_timeout: Duration::from_secs(u.request_timeout_seconds),
+            max_response_bytes: u.max_response_bytes,
+            ..TransportConfig::default()
+        }
+    }
+}
+
+impl From<&ServerConfig> for csi_grpc::MountLimits {
+    fn from(s: &ServerConfig) -> Self {
+        csi_grpc::MountLimits {
+            max_in_flight: s.max_in_flight_mounts,
+            default_deadline: Duration::from_secs(s.mount_timeout_seconds),
+            max_deadline: Duration::from_secs(s.mount_timeout_seconds),
+            ..csi_grpc::MountLimits::default()
+        }
+    }
+}
+
+impl From<&ServerConfig> for HttpLimits {
+    fn from(s: &ServerConfig) -> Self {
+        HttpLimits {
+            max_connections: s.http_max_connections.max(1),
+            max_connections_per_address: s.http_max_connections_per_address.max(1),
+            header_read_timeout: Duration::from_secs(s.http_header_read_timeout_seconds.max(1)),
+        }
+    }
 }
 
 fn authority(url: &str, key: &str) -> anyhow::Result<String> {
@@ -65,7 +103,9 @@ pub(crate) fn principals_config(
     }
 }
 
-/// Builds the one transport with trust per destination, and the stack above it.
+/// Builds the whole stack: the one transport with trust per destination, the principals
+/// and the signing layer over it, the Secrets client, the mount service, and the CSI gRPC
+/// service with its limits and its metrics observer.
 pub(crate) fn build(
     config: &Config,
     env: &BTreeMap<String, String>,
@@ -74,19 +114,15 @@ pub(crate) fn build(
     let e = &config.endpoints;
     let u = &config.upstream;
     let principals_config = principals_config(config, env);
+
+    // 1. The one transport, trusting each destination for itself.
     let proxy = Proxy::from_env(|k| env.get(k).cloned())
         .map_err(|e| anyhow::anyhow!("invalid proxy settings: {e}"))?;
     let mut transport_config = TransportConfig {
-        max_connections_per_host: u.max_connections_per_host,
-        max_idle_per_host: u.max_idle_per_host,
-        idle_timeout: Duration::from_secs(u.idle_timeout_seconds),
-        connect_timeout: Duration::from_secs(u.connect_timeout_seconds),
-        request_timeout: Duration::from_secs(u.request_timeout_seconds),
-        max_response_bytes: u.max_response_bytes,
         ssl_cert_file: e.ssl_cert_file.clone(),
         oci_ca_files: e.oci_ca_files.clone(),
         proxy,
-        ..TransportConfig::default()
+        ..TransportConfig::from(u)
     };
     if let Some(url) = principals_config.proxymux_url() {
         transport_config = transport_config.trust_only(
@@ -108,9 +144,13 @@ pub(crate) fn build(
             transport_config.allow_plain_http(authority(metadata, "endpoints.instance_metadata")?);
     }
     let transport = Transport::new(transport_config)?;
+
+    // 2. Identities, and requests signed as them, over the transport.
     let principals = Principals::new(principals_config, transport.service(), clock.clone())
         .context("cannot set up the OCI principals")?;
     let signing = SigningLayer::new(Arc::new(principals.clone()), clock).layer(transport.service());
+
+    // 3. The Secrets API client over the signed service.
     let retry = RetryPolicy {
         max_attempts: u.max_attempts,
         ..RetryPolicy::default()
@@ -121,6 +161,8 @@ pub(crate) fn build(
             env!("CARGO_PKG_VERSION")
         ))
         .with_max_body_bytes(u.max_bundle_bytes);
+
+    // 4. The mount service: identity, then the fetches, under the process's byte budget.
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let mount = OciMount::new(
         principals,
@@ -133,9 +175,14 @@ pub(crate) fn build(
             ..MountConfig::default()
         },
     );
-    Ok(Stack {
-        transport,
-        mount,
-        budget,
-    })
+
+    // 5. The CSI gRPC service, with its limits, reporting to the metrics.
+    let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION"), transport, budget));
+    let info = csi_grpc::ServerInfo {
+        runtime_name: crate::RUNTIME_NAME.to_owned(),
+        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let provider = csi_grpc::CsiProvider::new(mount, info, (&config.server).into())
+        .with_observer(metrics.clone());
+    Ok(Stack { provider, metrics })
 }
