@@ -41,10 +41,17 @@ pub use principals::{
 };
 pub use remote::opc_request_id;
 pub use signing::{
-    BoxFuture, Credentials, EMPTY_BODY_SHA256, KeyId, SignatureProfile, SignedResponse, Signing,
-    SigningKey, SigningLayer, SigningString, X_CONTENT_SHA256, authorization, prepare_request,
-    sign_request, signing_string,
+    BoxFuture, Credentials, KeyId, SignedResponse, Signing, SigningKey, SigningLayer,
 };
+
+/// The OCI request signature itself (draft-cavage-http-signatures as OCI profiles it), for
+/// callers that sign outside [`SigningLayer`] and for checking against the spec's vectors.
+pub mod signature {
+    pub use crate::signing::{
+        EMPTY_BODY_SHA256, SignatureProfile, SigningString, X_CONTENT_SHA256, authorization,
+        prepare_request, sign_request, signing_string,
+    };
+}
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

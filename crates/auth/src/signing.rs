@@ -225,13 +225,6 @@ impl SignedResponse for http::Response<Bytes> {
     }
 }
 
-/// Plain strings, which test doubles answer with, are never a 401.
-impl SignedResponse for &'static str {
-    fn is_unauthorized(&self) -> bool {
-        false
-    }
-}
-
 /// The text that gets signed, with the list of header names it covers.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SigningString {

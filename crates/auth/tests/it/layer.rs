@@ -11,13 +11,24 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http::{Method, Request};
+use oci_csi_auth::signature::SignatureProfile;
 use oci_csi_auth::{
-    AuthError, BoxFuture, Credentials, Identity, KeyId, ManualClock, PrivateKey, SignatureProfile,
+    AuthError, BoxFuture, Credentials, Identity, KeyId, ManualClock, PrivateKey, SignedResponse,
     SigningKey, SigningLayer,
 };
 use tower_test::mock;
 
 use crate::{SPEC_KEY, spec_date};
+
+/// What the mock upstream answers: never a 401.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer(&'static str);
+
+impl SignedResponse for Answer {
+    fn is_unauthorized(&self) -> bool {
+        false
+    }
+}
 
 /// Credentials from a fixed table, one key per identity.
 #[derive(Debug)]
@@ -203,7 +214,7 @@ async fn layer_signs_each_request_with_its_identitys_key() {
     let fixture = fixture();
     let keys = registry(&fixture);
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
 
     for (identity, token, method, body) in [
         (workload("a"), TOKEN_A, Method::POST, &b""[..]),
@@ -225,8 +236,8 @@ async fn layer_signs_each_request_with_its_identitys_key() {
         let body_headers = matches!(method, Method::POST | Method::PUT);
         assert_eq!(verified.headers.contains("x-content-sha256"), body_headers);
         assert_eq!(sent.headers()["date"], "Thu, 05 Jan 2023 21:31:40 GMT");
-        reply.send_response("ok");
-        assert_eq!(response.await.unwrap().unwrap(), "ok");
+        reply.send_response(Answer("ok"));
+        assert_eq!(response.await.unwrap().unwrap(), Answer("ok"));
     }
 }
 
@@ -239,7 +250,7 @@ async fn a_key_from_another_identity_does_not_verify() {
         fixture.key_b.public_key_spki_der().to_vec(),
     )]);
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
     let _response = tokio::spawn(service.call(request(
@@ -256,7 +267,7 @@ async fn a_key_from_another_identity_does_not_verify() {
 async fn date_comes_from_the_clock_at_signing_time() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     fixture.clock.advance(Duration::from_secs(3600));
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
@@ -275,7 +286,7 @@ async fn date_comes_from_the_clock_at_signing_time() {
 async fn request_without_identity_is_an_error_and_never_reaches_the_inner_service() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
     let err = service
@@ -296,7 +307,7 @@ async fn request_without_identity_is_an_error_and_never_reaches_the_inner_servic
 async fn credential_failure_names_the_identity() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
     let err = service
@@ -320,7 +331,7 @@ async fn credential_failure_names_the_identity() {
 async fn poll_ready_delegates_to_the_inner_service() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(0);
     assert!(service.poll_ready().is_pending());
     handle.allow(1);
@@ -328,7 +339,7 @@ async fn poll_ready_delegates_to_the_inner_service() {
     assert!(service.poll_ready().is_ready());
 
     let (mut broken, mut broken_handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     broken_handle.send_error("inner is broken");
     // The inner error comes out of poll_ready unchanged (boxed).
     match broken.poll_ready() {
@@ -341,7 +352,7 @@ async fn poll_ready_delegates_to_the_inner_service() {
 async fn security_token_is_hidden_from_debug_of_the_signed_request() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
     let _response = tokio::spawn(service.call(request(
@@ -361,7 +372,7 @@ async fn security_token_is_hidden_from_debug_of_the_signed_request() {
 async fn signature_profile_in_the_extensions_selects_the_federation_headers() {
     let fixture = fixture();
     let (mut service, mut handle) =
-        mock::spawn_layer::<Request<Bytes>, &'static str, _>(fixture.layer.clone());
+        mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
     handle.allow(1);
     assert!(service.poll_ready().is_ready());
     let mut federation = request(

@@ -4,10 +4,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request};
-use oci_csi_auth::{
-    EMPTY_BODY_SHA256, Identity, KeyId, PrivateKey, SignatureProfile, SigningKey, sign_request,
-    signing_string,
-};
+use oci_csi_auth::signature::{EMPTY_BODY_SHA256, SignatureProfile, sign_request, signing_string};
+use oci_csi_auth::{Identity, KeyId, PrivateKey, SigningKey};
 
 use crate::{SPEC_KEY, spec_date};
 
