@@ -289,8 +289,30 @@ struct PemBlock {
     der: Zeroizing<Vec<u8>>,
 }
 
+/// The DER of every PEM block in `data`, in order (certificate chains, concatenated as
+/// instance metadata serves them). The one PEM reader of the crate, also behind
+/// [`PrivateKey::from_pem`].
+pub(crate) fn pem_ders(mut data: &[u8]) -> Result<Vec<Zeroizing<Vec<u8>>>, KeyError> {
+    let mut ders = Vec::new();
+    loop {
+        match PemBlock::first_and_rest(data) {
+            Ok((block, rest)) => {
+                ders.push(block.der);
+                data = rest;
+            }
+            Err(KeyError::NoPem) if !ders.is_empty() => return Ok(ders),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl PemBlock {
     fn first(data: &[u8]) -> Result<Self, KeyError> {
+        Self::first_and_rest(data).map(|(block, _)| block)
+    }
+
+    /// The first block and what follows its END line.
+    fn first_and_rest(data: &[u8]) -> Result<(Self, &[u8]), KeyError> {
         const BEGIN: &[u8] = b"-----BEGIN ";
         const DASHES: &[u8] = b"-----";
         let start = find(data, BEGIN).ok_or(KeyError::NoPem)?;
@@ -336,11 +358,15 @@ impl PemBlock {
         if der.is_empty() {
             return Err(KeyError::MalformedPem("empty body"));
         }
-        Ok(Self {
-            label,
-            headers,
-            der,
-        })
+        let after = &rest[body_len + end_line.len()..];
+        Ok((
+            Self {
+                label,
+                headers,
+                der,
+            },
+            after,
+        ))
     }
 
     fn header(&self, name: &str) -> Option<&str> {

@@ -20,7 +20,7 @@ use tower::Service;
 use crate::config::Proxy;
 use crate::stats::{OpenGuard, Stats};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use tower::BoxError;
 
 /// `host:port` of a URI, with the scheme's default port; `None` without scheme or host.
 /// This is the key of every per-host bound, counter and trust decision.

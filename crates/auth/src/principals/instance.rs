@@ -144,20 +144,29 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
                 "the key from instance metadata is not an rsa private key",
             )
         })?;
-    let cert_b64 = pem_body(&cert_pem);
-    let der = STANDARD
-        .decode(&cert_b64)
+    let certs = crate::key::pem_ders(&cert_pem)
         .map_err(|_| AuthError::InstanceCertificate("the certificate is not pem"))?;
-    let tenancy = tenancy(&der).unwrap_or_default();
+    let cert_b64 = pem_base64(&certs);
+    let der = certs
+        .first()
+        .ok_or(AuthError::InstanceCertificate("the certificate is not pem"))?;
+    let tenancy = tenancy(der).unwrap_or_default();
     let fingerprint =
-        colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &der).as_ref());
+        colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der).as_ref());
     let session = session_key().await?;
     let mut body = serde_json::json!({
         "certificate": cert_b64,
         "publicKey": session.public_key_base64(),
         "fingerprintAlgorithm": "SHA256",
     });
-    let intermediate = pem_body(&intermediate_pem);
+    let intermediate = if intermediate_pem.iter().all(u8::is_ascii_whitespace) {
+        String::new()
+    } else {
+        let chain = crate::key::pem_ders(&intermediate_pem).map_err(|_| {
+            AuthError::InstanceCertificate("the intermediate certificate is not pem")
+        })?;
+        pem_base64(&chain)
+    };
     if !intermediate.is_empty() {
         body["intermediateCertificates"] = serde_json::json!([intermediate]);
     }
@@ -218,13 +227,11 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
     })
 }
 
-/// The Base64 body of a PEM text: the BEGIN/END lines dropped and line feeds removed
-/// (spec 4.4: several certificates are concatenated, as the SDK does).
-fn pem_body(pem: &[u8]) -> String {
-    String::from_utf8_lossy(pem)
-        .lines()
-        .filter(|line| !line.starts_with("-----"))
-        .map(str::trim)
+/// The Base64 of a chain's DER blocks, concatenated into one string as the SDK sends them
+/// (spec 4.4: several certificates are concatenated).
+fn pem_base64(ders: &[zeroize::Zeroizing<Vec<u8>>]) -> String {
+    ders.iter()
+        .map(|der| STANDARD.encode(der.as_slice()))
         .collect()
 }
 
@@ -317,8 +324,12 @@ mod tests {
     }
 
     #[test]
-    fn pem_body_drops_armour_and_newlines() {
-        let pem = b"-----BEGIN CERTIFICATE-----\nQUJD\nREVG\n-----END CERTIFICATE-----\n";
-        assert_eq!(pem_body(pem), "QUJDREVG");
+    fn a_chain_is_sent_as_the_concatenated_base64_of_its_blocks() {
+        let pem = b"-----BEGIN CERTIFICATE-----\nQUJD\nREVG\n-----END CERTIFICATE-----\n\
+                    -----BEGIN CERTIFICATE-----\nR0g=\n-----END CERTIFICATE-----\n";
+        let ders = crate::key::pem_ders(pem).unwrap();
+        assert_eq!(ders.len(), 2);
+        assert_eq!(pem_base64(&ders), "QUJDREVGR0g=");
+        assert!(crate::key::pem_ders(b"not pem").is_err());
     }
 }
