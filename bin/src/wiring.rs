@@ -69,37 +69,45 @@ fn authority(url: &str, key: &str) -> anyhow::Result<String> {
     transport::authority_of(&uri).with_context(|| format!("{key} {url:?} has no host"))
 }
 
+impl From<&Config> for PrincipalsConfig {
+    fn from(config: &Config) -> Self {
+        let e = &config.endpoints;
+        PrincipalsConfig {
+            region: config.region.clone(),
+            region_metadata: e.region_metadata.clone(),
+            default_realm: e.default_realm.clone(),
+            secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
+            federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
+            instance_metadata: e.instance_metadata.as_str().to_owned(),
+            proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
+            kubernetes_api: e.kubernetes_api.as_ref().map(|u| u.as_str().to_owned()),
+            kubernetes_service_host: e.kubernetes_service_host.clone(),
+            kubernetes_service_port: e.kubernetes_service_port,
+            kubeconfig: e.kubeconfig.clone(),
+            service_account_token_file: e.service_account_token_file.clone(),
+            user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
+            max_concurrent_key_loads: config.auth.max_concurrent_key_loads.max(1),
+            key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
+            workload_audience: config.auth.workload_audience.clone(),
+            token_request: config.auth.token_request,
+            ..PrincipalsConfig::default()
+        }
+    }
+}
+
+/// The principals' configuration: `[endpoints]`, `[auth]` and the region, plus the SDK's
+/// `~/.oci/regions-config.json` for regions it does not know, read only from the `HOME`
+/// we were given.
 pub(crate) fn principals_config(
     config: &Config,
     env: &BTreeMap<String, String>,
 ) -> PrincipalsConfig {
-    let e = &config.endpoints;
-    // The SDK reads ~/.oci/regions-config.json for regions it does not know; so do we, but
-    // only from the HOME we were given.
-    let regions_config_file = env
-        .get("HOME")
-        .map(|home| std::path::Path::new(home).join(".oci/regions-config.json"))
-        .filter(|path| path.is_file());
     PrincipalsConfig {
-        region: config.region.clone(),
-        region_metadata: e.region_metadata.clone(),
-        regions_config_file,
-        default_realm: e.default_realm.clone(),
-        secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
-        federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
-        instance_metadata: e.instance_metadata.as_str().to_owned(),
-        proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
-        kubernetes_api: e.kubernetes_api.as_ref().map(|u| u.as_str().to_owned()),
-        kubernetes_service_host: e.kubernetes_service_host.clone(),
-        kubernetes_service_port: e.kubernetes_service_port,
-        kubeconfig: e.kubeconfig.clone(),
-        service_account_token_file: e.service_account_token_file.clone(),
-        user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
-        max_concurrent_key_loads: config.auth.max_concurrent_key_loads.max(1),
-        key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
-        workload_audience: config.auth.workload_audience.clone(),
-        token_request: config.auth.token_request,
-        ..PrincipalsConfig::default()
+        regions_config_file: env
+            .get("HOME")
+            .map(|home| std::path::Path::new(home).join(".oci/regions-config.json"))
+            .filter(|path| path.is_file()),
+        ..PrincipalsConfig::from(config)
     }
 }
 
