@@ -79,23 +79,9 @@ pub(crate) fn check() -> anyhow::Result<()> {
         }
     }
     // The release binary must never contain the emulator (or any test-only crate).
-    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "tree",
-            "--package",
-            "oci-secrets-store-csi-driver-provider",
-            "--edges",
-            "normal",
-            "--prefix",
-            "none",
-            "--format",
-            "{p}",
-        ])
-        .output()
-        .context("cannot run cargo tree for the binary")?;
-    let binary_tree = String::from_utf8_lossy(&output.stdout);
+    let packages = binary_tree(&["--edges", "normal", "--format", "{p}"])?;
     for test_only in ["oci-csi-testkit", "rcgen", "tower-test", "proptest"] {
-        if binary_tree
+        if packages
             .lines()
             .any(|l| l.split_whitespace().next() == Some(test_only))
         {
@@ -105,21 +91,12 @@ pub(crate) fn check() -> anyhow::Result<()> {
         }
     }
     // Nor a gRPC client: csi-grpc's `client` feature is for tests and tools.
-    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "tree",
-            "--package",
-            "oci-secrets-store-csi-driver-provider",
-            "--edges",
-            "normal,features",
-            "--invert",
-            "secrets-store-csi-grpc",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .context("cannot run cargo tree for the binary's features")?;
-    let features = String::from_utf8_lossy(&output.stdout);
+    let features = binary_tree(&[
+        "--edges",
+        "normal,features",
+        "--invert",
+        "secrets-store-csi-grpc",
+    ])?;
     if features.contains("secrets-store-csi-grpc feature \"client\"") {
         problems.push(
             "the provider binary enables csi-grpc's client feature (a gRPC client in production)"
@@ -134,6 +111,28 @@ pub(crate) fn check() -> anyhow::Result<()> {
         versions.len()
     );
     Ok(())
+}
+
+/// `cargo tree` of the provider binary's package with `args`, one package a line.
+fn binary_tree(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args([
+            "tree",
+            "--package",
+            "oci-secrets-store-csi-driver-provider",
+            "--prefix",
+            "none",
+        ])
+        .args(args)
+        .output()
+        .context("cannot run cargo tree for the binary")?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 #[cfg(test)]
