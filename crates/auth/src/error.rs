@@ -273,6 +273,24 @@ pub enum AuthError {
         /// How long it waited.
         waited: std::time::Duration,
     },
+    /// The error of a credential fetch this call led or joined (one fetch per identity,
+    /// its error handed to every mount that waited for it).
+    #[error(transparent)]
+    Shared(std::sync::Arc<AuthError>),
+}
+
+impl cache::JoinError for AuthError {
+    fn from_shared(shared: std::sync::Arc<Self>) -> Self {
+        AuthError::Shared(shared)
+    }
+
+    fn waited_too_long(what: &'static str) -> Self {
+        AuthError::DeadlineExceeded(what)
+    }
+
+    fn is_leaders_own(&self) -> bool {
+        self.kind() == ErrorKind::DeadlineExceeded
+    }
 }
 
 impl AuthError {
@@ -308,6 +326,7 @@ impl AuthError {
             },
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
+            AuthError::Shared(shared) => shared.kind(),
         }
     }
 }

@@ -62,6 +62,103 @@ impl fmt::Display for Identity {
     }
 }
 
+/// Exactly which credential of an [`Identity`] a mount's calls are made with: the
+/// identity plus what tells one credential of it from another. Anything fetched with a
+/// credential is cached under it (the secret-bundle cache keys by it), so that two
+/// credentials never share a cached value, even when both are allowed to read it.
+///
+/// Names, versions and public fingerprints only: safe to log.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Credential {
+    /// A user API key as loaded from its Kubernetes Secret.
+    User {
+        /// Namespace of the pod and of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        secret_name: String,
+        /// The Secret's `resourceVersion` the key was loaded from (empty when the API
+        /// server did not say).
+        resource_version: String,
+        /// The OCI fingerprint computed from the loaded private key (not the one the
+        /// Secret's config claims).
+        key_fingerprint: String,
+        /// The user OCID the Secret's config names.
+        user: String,
+        /// The tenancy OCID the Secret's config names.
+        tenancy: String,
+    },
+    /// OKE workload identity: a service account, told from a recreated one by its uid.
+    Workload {
+        /// Namespace of the pod.
+        namespace: String,
+        /// Name of the service account.
+        service_account: String,
+        /// UID of the service account, from its token.
+        service_account_uid: Option<String>,
+    },
+    /// The node's instance principal, by its certificate.
+    Instance {
+        /// The tenancy of the instance certificate (`opc-tenant:`).
+        tenancy: String,
+        /// The instance OCID of the certificate (`opc-instance:`).
+        instance: String,
+    },
+}
+
+impl Credential {
+    /// The identity this credential belongs to.
+    pub fn identity(&self) -> Identity {
+        match self {
+            Credential::User {
+                namespace,
+                secret_name,
+                ..
+            } => Identity::User {
+                namespace: namespace.clone(),
+                secret_name: secret_name.clone(),
+            },
+            Credential::Workload {
+                namespace,
+                service_account,
+                service_account_uid,
+            } => Identity::Workload {
+                namespace: namespace.clone(),
+                service_account: service_account.clone(),
+                service_account_uid: service_account_uid.clone(),
+            },
+            Credential::Instance { .. } => Identity::Instance,
+        }
+    }
+}
+
+impl fmt::Display for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::User {
+                resource_version,
+                key_fingerprint,
+                ..
+            } => write!(
+                f,
+                "{} (resourceVersion {resource_version}, key {key_fingerprint})",
+                self.identity()
+            ),
+            Credential::Workload {
+                service_account_uid,
+                ..
+            } => write!(
+                f,
+                "{} (uid {})",
+                self.identity(),
+                service_account_uid.as_deref().unwrap_or("unknown")
+            ),
+            Credential::Instance { tenancy, instance } => {
+                write!(f, "instance principal {instance} of tenancy {tenancy}")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

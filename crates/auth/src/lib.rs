@@ -18,7 +18,6 @@
 //! - [`region`] resolves region strings to the Secrets and federation endpoints.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-mod clock;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -31,9 +30,9 @@ pub mod region;
 mod remote;
 mod signing;
 
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use cache::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
-pub use identity::Identity;
+pub use identity::{Credential, Identity};
 pub use key::{KeyError, PrivateKey};
 pub use principals::{
     DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, IdentityRequest,

@@ -199,8 +199,9 @@ pub trait Credentials: Send + Sync + fmt::Debug + 'static {
     /// with that key id is dropped: when several requests signed with one token are refused
     /// at once, the first renews and the others must not discard the renewed token. The
     /// default does nothing.
-    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
+    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
         let _ = (identity, rejected);
+        Box::pin(std::future::ready(()))
     }
 }
 
@@ -496,7 +497,7 @@ where
             if !response.is_unauthorized() {
                 return Ok(response);
             }
-            credentials.invalidate(&identity, key.key_id());
+            credentials.invalidate(&identity, key.key_id()).await;
             let refused = |key: &SigningKey, response: &S::Response| AuthError::Unauthorized {
                 identity: identity.clone(),
                 code: response.error_code(),
@@ -526,7 +527,7 @@ where
             let response =
                 sign_and_call(&mut inner, retry, &identity, &fresh, &clock, profile).await?;
             if response.is_unauthorized() {
-                credentials.invalidate(&identity, fresh.key_id());
+                credentials.invalidate(&identity, fresh.key_id()).await;
                 return Err(refused(&fresh, &response).into());
             }
             Ok(response)

@@ -2,6 +2,7 @@
 //! federated for a session token bound to a fresh session key; one per process.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use base64::Engine as _;
@@ -15,14 +16,27 @@ use crate::error::{AuthError, Endpoint};
 use crate::region::Region;
 use crate::remote::{build, error_detail, send};
 use crate::signing::{KeyId, SignatureProfile, SigningKey, sign_request};
-use crate::{Identity, PrivateKey, jwt};
+use crate::{Credential, Identity, PrivateKey, jwt};
 
 /// The instance's session token and key.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
     key: SigningKey,
     exp: SystemTime,
-    pub(crate) invalidated: bool,
+    /// The tenancy and instance of the certificate that was federated.
+    credential: Credential,
+    /// Set when OCI refused the token, so the next signing federates again.
+    pub(crate) invalidated: Arc<AtomicBool>,
+}
+
+impl cache::CacheValue for Session {
+    fn bytes(&self) -> usize {
+        super::CREDENTIAL_BYTES
+    }
+
+    fn expires(&self) -> Option<SystemTime> {
+        Some(self.exp)
+    }
 }
 
 impl Session {
@@ -34,7 +48,7 @@ impl Session {
 
 impl Session {
     fn usable(&self, now: SystemTime) -> bool {
-        !self.invalidated && fresh(self.exp, now)
+        !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
     }
 }
 
@@ -44,9 +58,10 @@ pub(super) async fn establish(
 ) -> Result<super::Established, AuthError> {
     let region = region(inner, deadline).await?;
     let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
-    signing_key(inner, deadline).await?;
+    let session = session(inner, deadline).await?;
     Ok(super::Established {
         identity: Identity::Instance,
+        credential: session.credential,
         secrets_endpoint,
     })
 }
@@ -55,17 +70,21 @@ pub(super) async fn signing_key(
     inner: &Inner,
     deadline: tokio::time::Instant,
 ) -> Result<SigningKey, AuthError> {
-    if let Some(session) = inner.instance.get().filter(|s| s.usable(inner.now())) {
-        return Ok(session.key);
-    }
-    let _renewing = inner.instance.renewing(deadline).await?;
-    if let Some(session) = inner.instance.get().filter(|s| s.usable(inner.now())) {
-        return Ok(session.key);
-    }
-    let session = federate(inner, deadline).await?;
-    let key = session.key.clone();
-    inner.instance.set(Some(session));
-    Ok(key)
+    Ok(session(inner, deadline).await?.key)
+}
+
+/// The cached session while it is fresh, else one federation (single flight).
+async fn session(inner: &Inner, deadline: tokio::time::Instant) -> Result<Session, AuthError> {
+    let (session, _) = inner
+        .instance
+        .get_or_fetch(
+            &(),
+            deadline,
+            |s| s.usable(inner.now()),
+            |_stale| federate(inner, deadline),
+        )
+        .await?;
+    Ok(session)
 }
 
 /// The configured region, else the one instance metadata reports (asked once).
@@ -150,7 +169,8 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
     let der = certs
         .first()
         .ok_or(AuthError::InstanceCertificate("the certificate is not pem"))?;
-    let tenancy = tenancy(der).unwrap_or_default();
+    let tenancy = subject_value(der, "opc-tenant:").unwrap_or_default();
+    let instance = subject_value(der, "opc-instance:").unwrap_or_default();
     let fingerprint =
         colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der).as_ref());
     let session = session_key().await?;
@@ -223,7 +243,8 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
     Ok(Session {
         key: SigningKey::new(KeyId::security_token(token), session),
         exp,
-        invalidated: false,
+        credential: Credential::Instance { tenancy, instance },
+        invalidated: Arc::new(AtomicBool::new(false)),
     })
 }
 
@@ -269,7 +290,14 @@ fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 
 /// The tenancy from the leaf certificate's subject: the first attribute value starting
 /// with `opc-tenant:` (spec 4.2 step 3).
+#[cfg(test)]
 pub(super) fn tenancy(der: &[u8]) -> Option<String> {
+    subject_value(der, "opc-tenant:")
+}
+
+/// The rest of the first subject attribute value of the certificate that starts with
+/// `prefix` (`opc-tenant:`, `opc-instance:`).
+fn subject_value(der: &[u8], prefix: &str) -> Option<String> {
     const SEQUENCE: u8 = 0x30;
     let (SEQUENCE, certificate, _) = tlv(der)? else {
         return None;
@@ -301,11 +329,11 @@ pub(super) fn tenancy(der: &[u8]) -> Option<String> {
             attributes = rest;
             let (_, _oid, value) = tlv(attribute)?;
             let (_, value, _) = tlv(value)?;
-            if let Some(tenancy) = std::str::from_utf8(value)
+            if let Some(found) = std::str::from_utf8(value)
                 .ok()
-                .and_then(|v| v.strip_prefix("opc-tenant:"))
+                .and_then(|v| v.strip_prefix(prefix))
             {
-                return Some(tenancy.to_owned());
+                return Some(found.to_owned());
             }
         }
     }

@@ -7,11 +7,14 @@ mod keyload;
 mod user;
 mod workload;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
+
+use cache::{Cache, CacheConfig, CacheStats};
 
 use secrecy::SecretString;
 use transport::HttpService;
@@ -19,7 +22,7 @@ use transport::HttpService;
 use crate::kube::KubeApi;
 use crate::region::{Region, Regions};
 use crate::signing::{BoxFuture, Credentials, KeyId, SigningKey};
-use crate::{AuthError, Identity, SharedClock};
+use crate::{AuthError, Credential, Identity, SharedClock};
 
 /// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
 /// service-account token is only sent if it is valid for longer.
@@ -219,158 +222,38 @@ impl IdentityRequest {
 pub struct Established {
     /// Put it in the extensions of every request of this mount.
     pub identity: Identity,
+    /// Exactly which credential of that identity was established: what anything fetched
+    /// with it is cached under.
+    pub credential: Credential,
     /// Secrets API base URL, without a trailing slash.
     pub secrets_endpoint: String,
 }
 
-/// One cache slot: the current value, and a lock held by whoever is renewing it so that
-/// concurrent mounts of one identity make one exchange (single flight).
-#[derive(Debug)]
-pub(crate) struct Slot<T> {
-    flight: tokio::sync::Mutex<()>,
-    value: Mutex<Option<T>>,
-    /// When a mount last asked for this slot (monotonic), for [`Slots`]' sweep.
-    last_used: Mutex<std::time::Instant>,
-}
+/// What the credential caches hold at most (identities seen at once on one node), and
+/// how long a credential nobody asked for is kept: longer than any token or user-key
+/// lifetime, so a dropped entry never held anything still useful.
+const CREDENTIAL_ENTRIES: u64 = 10_000;
+const CREDENTIAL_IDLE: Duration = Duration::from_secs(3600);
 
-impl<T: Clone> Slot<T> {
-    fn new() -> Self {
-        Self {
-            flight: tokio::sync::Mutex::new(()),
-            value: Mutex::new(None),
-            last_used: Mutex::new(std::time::Instant::now()),
-        }
-    }
+/// What one cached credential is counted at by the byte bound: a 2048-bit private key with
+/// its CRT parts, the token and the bookkeeping around them.
+pub(crate) const CREDENTIAL_BYTES: usize = 4096;
 
-    fn touch(&self) {
-        *self
-            .last_used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
-    }
-
-    fn idle_for(&self) -> Duration {
-        self.last_used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .elapsed()
-    }
-
-    pub(crate) fn get(&self) -> Option<T> {
-        self.value
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn set(&self, value: Option<T>) {
-        *self.value.lock().unwrap_or_else(PoisonError::into_inner) = value;
-    }
-
-    pub(crate) fn update(&self, f: impl FnOnce(&mut Option<T>)) {
-        f(&mut self.value.lock().unwrap_or_else(PoisonError::into_inner));
-    }
-
-    /// Waits for the renewal lock, within `deadline`.
-    pub(crate) async fn renewing(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<tokio::sync::MutexGuard<'_, ()>, AuthError> {
-        tokio::time::timeout_at(deadline, self.flight.lock())
-            .await
-            .map_err(|_| AuthError::DeadlineExceeded("waiting for a token exchange in flight"))
-    }
-}
-
-/// How long a slot nobody asked for is kept: longer than any token or user-key lifetime,
-/// so a swept slot never held anything still useful.
-const SLOT_IDLE_LIMIT: Duration = Duration::from_secs(3600);
-
-/// Slots keyed by name, created on first use.
-///
-/// Identities come and go with namespaces and service accounts, so the map must not only
-/// grow: whenever a new key is added, slots idle for longer than the limit and not in use
-/// by a mount right now are dropped (with their keys and tokens). The map is thus bounded
-/// by the identities seen within the limit.
-#[derive(Debug)]
-pub(crate) struct Slots<K, T> {
-    map: Mutex<HashMap<K, Arc<Slot<T>>>>,
-    idle_limit: Duration,
-}
-
-impl<K: std::hash::Hash + Eq + Clone, T: Clone> Slots<K, T> {
-    fn new() -> Self {
-        Self::with_idle_limit(SLOT_IDLE_LIMIT)
-    }
-
-    fn with_idle_limit(idle_limit: Duration) -> Self {
-        Self {
-            map: Mutex::new(HashMap::new()),
-            idle_limit,
-        }
-    }
-
-    pub(crate) fn slot(&self, key: &K) -> Arc<Slot<T>> {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = map.get(key) {
-            slot.touch();
-            return Arc::clone(slot);
-        }
-        let limit = self.idle_limit;
-        map.retain(|_, slot| Arc::strong_count(slot) > 1 || slot.idle_for() < limit);
-        Arc::clone(
-            map.entry(key.clone())
-                .or_insert_with(|| Arc::new(Slot::new())),
-        )
-    }
-
-    pub(crate) fn existing(&self, key: &K) -> Option<Arc<Slot<T>>> {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = map.get(key)?;
-        slot.touch();
-        Some(Arc::clone(slot))
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-}
-
-#[cfg(test)]
-mod slot_tests {
-    use super::*;
-
-    #[test]
-    fn idle_unused_slots_are_swept_when_a_new_identity_arrives() {
-        let slots: Slots<String, u32> = Slots::with_idle_limit(Duration::ZERO);
-        let held = slots.slot(&"in-use".to_owned());
-        held.set(Some(1));
-        slots.slot(&"idle".to_owned()).set(Some(2));
-        assert_eq!(slots.len(), 2);
-        // A new key sweeps the idle one; the one a mount still holds stays.
-        let _new = slots.slot(&"new".to_owned());
-        assert_eq!(slots.len(), 2);
-        assert!(slots.existing(&"idle".to_owned()).is_none());
-        assert_eq!(
-            slots.existing(&"in-use".to_owned()).and_then(|s| s.get()),
-            Some(1)
-        );
-    }
-
-    #[test]
-    fn slots_used_recently_are_kept() {
-        let slots: Slots<String, u32> = Slots::new();
-        slots.slot(&"a".to_owned()).set(Some(1));
-        let _b = slots.slot(&"b".to_owned());
-        assert_eq!(
-            slots.existing(&"a".to_owned()).and_then(|s| s.get()),
-            Some(1)
-        );
-    }
+fn credential_cache<K, V>(kind: &'static str, ttl: Option<Duration>, clock: &SharedClock) -> Cache<K, V>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    V: cache::CacheValue,
+{
+    Cache::new(
+        CacheConfig {
+            ttl,
+            max_entries: CREDENTIAL_ENTRIES,
+            max_bytes: CREDENTIAL_ENTRIES * CREDENTIAL_BYTES as u64,
+            idle: Some(CREDENTIAL_IDLE),
+            ..CacheConfig::new(kind)
+        },
+        clock.clone(),
+    )
 }
 
 /// The principals of the process: user keys, workload RPSTs and the instance token,
@@ -391,11 +274,11 @@ struct Inner {
     /// The configured region, resolved once.
     region: Option<Region>,
     kube: Option<KubeApi>,
-    users: Slots<(String, String), user::UserKey>,
+    users: Cache<(String, String), user::UserKey>,
     key_gate: keyload::KeyGate,
     failed_keys: keyload::FailedLoads,
-    workloads: Slots<(String, String), workload::Session>,
-    instance: Slot<instance::Session>,
+    workloads: Cache<(String, String), workload::Session>,
+    instance: Cache<(), instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
 }
 
@@ -409,6 +292,26 @@ impl fmt::Debug for Principals {
 }
 
 impl Principals {
+    /// The counters of the three credential caches, by kind (`user`, `rpst`, `instance`).
+    pub fn cache_stats(&self) -> [(&'static str, CacheStats); 3] {
+        let inner = &self.inner;
+        [
+            ("user", inner.users.stats()),
+            ("rpst", inner.workloads.stats()),
+            ("instance", inner.instance.stats()),
+        ]
+    }
+
+    /// Drops expired credentials every `every`, until the principals are dropped.
+    pub fn spawn_purgers(&self, every: Duration) -> Vec<tokio::task::JoinHandle<()>> {
+        let inner = &self.inner;
+        vec![
+            inner.users.spawn_purger(every),
+            inner.workloads.spawn_purger(every),
+            inner.instance.spawn_purger(every),
+        ]
+    }
+
     /// User principals' private keys loaded (decrypted) so far; a failed load answered
     /// from memory is not counted.
     pub fn key_loads(&self) -> u64 {
@@ -441,6 +344,9 @@ impl Principals {
             &config.service_account_token_file,
         )?;
         let key_gate = keyload::KeyGate::new(config.max_concurrent_key_loads, config.key_load_wait);
+        let users = credential_cache("user", Some(config.user_secret_ttl), &clock);
+        let workloads = credential_cache("rpst", None, &clock);
+        let instance = credential_cache("instance", None, &clock);
         Ok(Self {
             inner: Arc::new(Inner {
                 key_gate,
@@ -451,9 +357,9 @@ impl Principals {
                 regions,
                 region,
                 kube,
-                users: Slots::new(),
-                workloads: Slots::new(),
-                instance: Slot::new(),
+                users,
+                workloads,
+                instance,
                 instance_region: tokio::sync::OnceCell::new(),
             }),
         })
@@ -545,52 +451,44 @@ impl Credentials for Principals {
         })
     }
 
-    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
-        let same = |key: &SigningKey| key.key_id().expose_secret() == rejected.expose_secret();
-        match identity {
-            Identity::User {
-                namespace,
-                secret_name,
-            } => {
-                if let Some(slot) = self
-                    .inner
-                    .users
-                    .existing(&(namespace.clone(), secret_name.clone()))
-                {
-                    slot.update(|cached| {
-                        if cached.as_ref().is_some_and(|user| same(user.signing_key())) {
-                            *cached = None;
-                        }
-                    });
+    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let same = |key: &SigningKey| key.key_id().expose_secret() == rejected.expose_secret();
+            match identity {
+                Identity::User {
+                    namespace,
+                    secret_name,
+                } => {
+                    let key = (namespace.clone(), secret_name.clone());
+                    self.inner
+                        .users
+                        .invalidate_if(&key, |user| same(user.signing_key()))
+                        .await;
+                }
+                // The session stays (its service-account token renews it), marked unusable.
+                Identity::Workload {
+                    namespace,
+                    service_account,
+                    ..
+                } => {
+                    let key = (namespace.clone(), service_account.clone());
+                    if let Some(session) = self.inner.workloads.get(&key).await
+                        && &session.identity == identity
+                        && same(session.signing_key())
+                    {
+                        session.invalidated.store(true, Ordering::Relaxed);
+                    }
+                }
+                Identity::Instance => {
+                    if let Some(session) = self.inner.instance.get(&()).await
+                        && same(session.signing_key())
+                    {
+                        session.invalidated.store(true, Ordering::Relaxed);
+                    }
                 }
             }
-            Identity::Workload {
-                namespace,
-                service_account,
-                ..
-            } => {
-                if let Some(slot) = self
-                    .inner
-                    .workloads
-                    .existing(&(namespace.clone(), service_account.clone()))
-                {
-                    slot.update(|session| {
-                        if let Some(session) = session
-                            .as_mut()
-                            .filter(|s| &s.identity == identity && same(s.signing_key()))
-                        {
-                            session.invalidated = true;
-                        }
-                    });
-                }
-            }
-            Identity::Instance => self.inner.instance.update(|session| {
-                if let Some(session) = session.as_mut().filter(|s| same(s.signing_key())) {
-                    session.invalidated = true;
-                }
-            }),
-        }
-        tracing::debug!(%identity, "credentials invalidated after a 401 from oci");
+            tracing::debug!(%identity, "credentials invalidated after a 401 from oci");
+        })
     }
 }
 

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
@@ -14,14 +13,20 @@ use super::{IdentityRequest, Inner};
 use crate::error::{AuthError, UserSecretError};
 use crate::region::Region;
 use crate::signing::{KeyId, SigningKey};
-use crate::{Identity, PrivateKey};
+use crate::{Credential, Identity, PrivateKey};
 
 /// A loaded user key and where its calls go.
 #[derive(Clone, Debug)]
 pub(crate) struct UserKey {
     key: SigningKey,
     region: Region,
-    loaded: SystemTime,
+    credential: Credential,
+}
+
+impl cache::CacheValue for UserKey {
+    fn bytes(&self) -> usize {
+        super::CREDENTIAL_BYTES
+    }
 }
 
 impl UserKey {
@@ -90,6 +95,7 @@ pub(super) async fn establish(
     let loaded = cached_or_load(inner, namespace, secret_name, request.deadline).await?;
     Ok(super::Established {
         identity,
+        credential: loaded.credential.clone(),
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
     })
 }
@@ -102,20 +108,16 @@ async fn cached_or_load(
     secret_name: &str,
     deadline: tokio::time::Instant,
 ) -> Result<UserKey, AuthError> {
-    let slot = inner
+    // The cache's TTL is `user_secret_ttl`: a key older than that is read again.
+    let (loaded, _) = inner
         .users
-        .slot(&(namespace.to_owned(), secret_name.to_owned()));
-    let ttl = inner.config.user_secret_ttl;
-    let usable = |k: &UserKey| inner.now() < k.loaded + ttl;
-    if let Some(loaded) = slot.get().filter(usable) {
-        return Ok(loaded);
-    }
-    let _renewing = slot.renewing(deadline).await?;
-    if let Some(loaded) = slot.get().filter(usable) {
-        return Ok(loaded);
-    }
-    let loaded = load(inner, namespace, secret_name, deadline).await?;
-    slot.set(Some(loaded.clone()));
+        .get_or_fetch(
+            &(namespace.to_owned(), secret_name.to_owned()),
+            deadline,
+            |_| true,
+            |_stale| load(inner, namespace, secret_name, deadline),
+        )
+        .await?;
     Ok(loaded)
 }
 
@@ -279,7 +281,14 @@ async fn load(
     Ok(UserKey {
         key: signing,
         region,
-        loaded: inner.now(),
+        credential: Credential::User {
+            namespace: namespace.to_owned(),
+            secret_name: name.to_owned(),
+            resource_version: secret.resource_version.clone().unwrap_or_default(),
+            key_fingerprint: actual,
+            user: user.to_owned(),
+            tenancy: tenancy.to_owned(),
+        },
     })
 }
 

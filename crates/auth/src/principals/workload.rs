@@ -2,6 +2,7 @@
 //! proxymux for an RPST bound to a fresh session key; cached per identity.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use base64::Engine as _;
@@ -15,12 +16,13 @@ use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
 use crate::remote::{build, error_detail, opc_request_id, send};
 use crate::signing::{KeyId, SigningKey};
-use crate::{Identity, jwt};
+use crate::{Credential, Identity, jwt};
 
 /// A workload's RPST with its session key, and what is needed to renew it.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
     pub(crate) identity: Identity,
+    credential: Credential,
     key: SigningKey,
     exp: SystemTime,
     /// The service-account token last exchanged, reused for a renewal while it is valid.
@@ -28,7 +30,21 @@ pub(crate) struct Session {
     sa_exp: SystemTime,
     /// The pod a TokenRequest is bound to, for renewals.
     pod: Option<(String, String)>,
-    pub(crate) invalidated: bool,
+    /// Set when OCI refused the RPST: the session stays cached (its service-account token
+    /// renews it) but is not used to sign again.
+    pub(crate) invalidated: Arc<AtomicBool>,
+}
+
+impl cache::CacheValue for Session {
+    fn bytes(&self) -> usize {
+        super::CREDENTIAL_BYTES
+    }
+
+    /// Kept while the RPST or the service-account token can still serve (to sign, or to
+    /// renew without a TokenRequest).
+    fn expires(&self) -> Option<SystemTime> {
+        Some(self.exp.max(self.sa_exp))
+    }
 }
 
 impl Session {
@@ -40,11 +56,12 @@ impl Session {
 
 impl Session {
     fn usable(&self, now: SystemTime) -> bool {
-        !self.invalidated && fresh(self.exp, now)
+        !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
     }
 }
 
 /// What we read of a service-account token without verifying it.
+#[derive(Clone)]
 pub(super) struct TokenInfo {
     exp: SystemTime,
     uid: Option<String>,
@@ -107,7 +124,6 @@ pub(super) async fn establish(
         }
     };
     let key = (namespace.to_owned(), service_account.to_owned());
-    let slot = inner.workloads.slot(&key);
     let matches = |session: &Session| match &supplied {
         // A token of a recreated service account (another uid) is another identity.
         Some((_, TokenInfo { uid: Some(uid), .. })) => matches!(
@@ -116,45 +132,48 @@ pub(super) async fn establish(
         ),
         _ => true,
     };
-    let done = |identity: Identity| super::Established {
-        identity,
-        secrets_endpoint: secrets_endpoint.clone(),
-    };
-    if let Some(session) = slot.get().filter(|s| s.usable(inner.now()) && matches(s)) {
-        return Ok(done(session.identity));
-    }
-    let _renewing = slot.renewing(request.deadline).await?;
-    // Whoever held the lock may have just renewed it.
-    if let Some(session) = slot.get().filter(|s| s.usable(inner.now()) && matches(s)) {
-        return Ok(done(session.identity));
-    }
     let pod = request.pod().map(|(n, u)| (n.to_owned(), u.to_owned()));
-    let (token, info) = match supplied {
-        Some(supplied) => supplied,
-        None => {
-            request_token(
-                inner,
-                namespace,
-                service_account,
-                pod.as_ref(),
-                request.deadline,
-            )
-            .await?
-        }
-    };
-    let session = exchange(
-        inner,
-        namespace,
-        service_account,
-        token,
-        info,
-        pod,
-        request.deadline,
-    )
-    .await?;
-    let identity = session.identity.clone();
-    slot.set(Some(session));
-    Ok(done(identity))
+    let (session, _) = inner
+        .workloads
+        .get_or_fetch(
+            &key,
+            request.deadline,
+            |s| s.usable(inner.now()) && matches(s),
+            |_stale| {
+                let (supplied, pod) = (supplied.clone(), pod.clone());
+                async move {
+                    let (token, info) = match supplied {
+                        Some(supplied) => supplied,
+                        None => {
+                            request_token(
+                                inner,
+                                namespace,
+                                service_account,
+                                pod.as_ref(),
+                                request.deadline,
+                            )
+                            .await?
+                        }
+                    };
+                    exchange(
+                        inner,
+                        namespace,
+                        service_account,
+                        token,
+                        info,
+                        pod,
+                        request.deadline,
+                    )
+                    .await
+                }
+            },
+        )
+        .await?;
+    Ok(super::Established {
+        identity: session.identity.clone(),
+        credential: session.credential.clone(),
+        secrets_endpoint,
+    })
 }
 
 /// The key of an established workload identity, renewed if it expired or was invalidated
@@ -177,58 +196,66 @@ pub(super) async fn signing_key(
     let not_established = || AuthError::NotEstablished {
         identity: identity.clone(),
     };
-    let slot = inner
+    let key = (namespace.clone(), service_account.clone());
+    let current = inner
         .workloads
-        .existing(&(namespace.clone(), service_account.clone()))
-        .ok_or_else(not_established)?;
-    let current = slot
-        .get()
+        .get(&key)
+        .await
         .filter(|s| &s.identity == identity)
         .ok_or_else(not_established)?;
     if current.usable(inner.now()) {
         return Ok(current.key);
     }
-    let _renewing = slot.renewing(deadline).await?;
-    let current = slot
-        .get()
-        .filter(|s| &s.identity == identity)
-        .ok_or_else(not_established)?;
-    if current.usable(inner.now()) {
-        return Ok(current.key);
-    }
-    let (token, info) = if fresh(current.sa_exp, inner.now()) {
-        let info = check_token(&current.sa_token, namespace, service_account, inner.now())?;
-        (current.sa_token.clone(), info)
-    } else if inner.config.token_request {
-        request_token(
-            inner,
-            namespace,
-            service_account,
-            current.pod.as_ref(),
+    let (session, _) = inner
+        .workloads
+        .get_or_fetch(
+            &key,
             deadline,
+            |s| &s.identity == identity && s.usable(inner.now()),
+            |stale| {
+                let current = stale
+                    .filter(|s| &s.identity == identity)
+                    .unwrap_or_else(|| current.clone());
+                async move {
+                    let (token, info) = if fresh(current.sa_exp, inner.now()) {
+                        let info = check_token(
+                            &current.sa_token,
+                            namespace,
+                            service_account,
+                            inner.now(),
+                        )?;
+                        (current.sa_token.clone(), info)
+                    } else if inner.config.token_request {
+                        request_token(
+                            inner,
+                            namespace,
+                            service_account,
+                            current.pod.as_ref(),
+                            deadline,
+                        )
+                        .await?
+                    } else {
+                        return Err(not_established());
+                    };
+                    exchange(
+                        inner,
+                        namespace,
+                        service_account,
+                        token,
+                        info,
+                        current.pod.clone(),
+                        deadline,
+                    )
+                    .await
+                }
+            },
         )
-        .await?
-    } else {
-        return Err(not_established());
-    };
-    let session = exchange(
-        inner,
-        namespace,
-        service_account,
-        token,
-        info,
-        current.pod.clone(),
-        deadline,
-    )
-    .await?;
+        .await?;
     if &session.identity != identity {
         // The service account was recreated in between: the old identity is gone.
-        slot.set(Some(session));
         return Err(not_established());
     }
-    let key = session.key.clone();
-    slot.set(Some(session));
-    Ok(key)
+    Ok(session.key)
 }
 
 async fn request_token(
@@ -321,20 +348,22 @@ async fn exchange(
     }
     let (rpst, exp) = parse_proxymux_reply(response.body()).map_err(malformed)?;
     let rpst = rpst.as_str();
-    let identity = Identity::Workload {
+    let credential = Credential::Workload {
         namespace: namespace.to_owned(),
         service_account: service_account.to_owned(),
         service_account_uid: info.uid,
     };
+    let identity = credential.identity();
     tracing::info!(%identity, "exchanged a service-account token for a resource principal session token");
     Ok(Session {
         identity,
+        credential,
         key: SigningKey::new(KeyId::security_token(rpst), Arc::clone(&session_key)),
         exp,
         sa_token: token,
         sa_exp: info.exp,
         pod,
-        invalidated: false,
+        invalidated: Arc::new(AtomicBool::new(false)),
     })
 }
 

@@ -184,8 +184,8 @@ impl Credentials for WrongKey {
         })
     }
 
-    fn invalidate(&self, identity: &Identity, rejected: &KeyId) {
-        self.inner.invalidate(identity, rejected);
+    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+        self.inner.invalidate(identity, rejected)
     }
 }
 
@@ -581,7 +581,7 @@ async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
     let identity = &established.identity;
     let first = fx.principals.signing_key(identity).await.unwrap();
     // The first refused request renews the token...
-    fx.principals.invalidate(identity, first.key_id());
+    fx.principals.invalidate(identity, first.key_id()).await;
     let second = fx.principals.signing_key(identity).await.unwrap();
     assert_ne!(
         second.key_id().expose_secret(),
@@ -590,7 +590,7 @@ async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
     // ...and a second request, signed with the old token and refused a moment later, must
     // not throw the new one away.
-    fx.principals.invalidate(identity, first.key_id());
+    fx.principals.invalidate(identity, first.key_id()).await;
     let third = fx.principals.signing_key(identity).await.unwrap();
     assert_eq!(
         third.key_id().expose_secret(),

@@ -28,7 +28,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use oci_csi_auth::{Clock, ManualClock};
+/// use oci_csi_cache::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_672_954_300));
 /// clock.advance(Duration::from_secs(60));
