@@ -35,6 +35,38 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// Credentials and identities.
     pub auth: AuthConfig,
+    /// The secret-bundle cache.
+    pub cache: CacheConfig,
+}
+
+/// The secret-bundle cache: what mounts of one secret, version and credential share.
+///
+/// The trade-off, in plain words: a rotated secret, or an IAM policy that no longer lets a
+/// principal read it, is seen up to `bundle_ttl_seconds` later than without the cache
+/// (the driver's rotation poll interval adds to that, as it always did).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// How long a fetched bundle is served to mounts with the same credential, in seconds.
+    /// 0 keeps nothing, but identical fetches in flight at once are still made once.
+    pub bundle_ttl_seconds: u64,
+    /// Most bytes of secret content kept (part of the chart's memory model).
+    pub bundle_max_bytes: u64,
+    /// Most bundles kept.
+    pub bundle_max_entries: u64,
+    /// How often expired bundles and credentials are dropped from memory, in seconds.
+    pub purge_interval_seconds: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            bundle_ttl_seconds: 30,
+            bundle_max_bytes: 16 * 1024 * 1024,
+            bundle_max_entries: 4096,
+            purge_interval_seconds: 10,
+        }
+    }
 }
 
 /// Bounds of the one transport (per upstream host).
@@ -321,6 +353,14 @@ impl Config {
                 self.server.max_secrets_per_mount,
             ),
             ("upstream.max_attempts", self.upstream.max_attempts as usize),
+            (
+                "cache.bundle_max_entries",
+                usize::try_from(self.cache.bundle_max_entries).unwrap_or(usize::MAX),
+            ),
+            (
+                "cache.purge_interval_seconds",
+                usize::try_from(self.cache.purge_interval_seconds).unwrap_or(usize::MAX),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError(format!("{key} must be at least 1")));
@@ -331,6 +371,13 @@ impl Config {
                 "server.max_in_flight_bytes ({}) must hold at least one fetch of \
                  upstream.max_bundle_bytes ({})",
                 self.server.max_in_flight_bytes, self.upstream.max_bundle_bytes
+            )));
+        }
+        if self.cache.bundle_max_bytes < self.upstream.max_bundle_bytes as u64 {
+            return Err(ConfigError(format!(
+                "cache.bundle_max_bytes ({}) must hold at least one bundle of \
+                 upstream.max_bundle_bytes ({})",
+                self.cache.bundle_max_bytes, self.upstream.max_bundle_bytes
             )));
         }
         if self.server.mount_timeout_seconds == 0 {

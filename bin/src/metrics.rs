@@ -123,11 +123,95 @@ impl Collector for BudgetCollector {
     }
 }
 
+/// The caches whose counters `/metrics` reports: secret bundles and the principals'
+/// credentials.
+#[derive(Debug)]
+pub(crate) struct CacheSources {
+    pub(crate) bundles: cache::Cache<vault::BundleKey, vault::SecretBundle>,
+    pub(crate) principals: auth::Principals,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabel {
+    kind: &'static str,
+    cause: &'static str,
+}
+
+type CacheCounter = fn(&cache::CacheStats) -> u64;
+
+impl Collector for CacheSources {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut all = vec![("bundle", self.bundles.stats())];
+        all.extend(self.principals.cache_stats());
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let counters: [(&str, &str, CacheCounter); 3] = [
+            ("cache_hits", "Answers from the cache, by kind", |s| s.hits),
+            (
+                "cache_misses",
+                "Upstream fetches made for the cache (one per key at a time), by kind",
+                |s| s.misses,
+            ),
+            (
+                "cache_joined",
+                "Callers that waited for another caller's fetch of the same key, by kind",
+                |s| s.joined,
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (kind, stats) in &all {
+                ConstCounter::new(read(stats))
+                    .encode(family.encode_family(&KindLabel { kind })?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "cache_evictions",
+                "Entries dropped, by kind and cause (size, expired, invalidated)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (kind, stats) in &all {
+                for (cause, n) in [
+                    ("size", stats.evicted_size),
+                    ("expired", stats.evicted_expired),
+                    ("invalidated", stats.evicted_invalidated),
+                ] {
+                    ConstCounter::new(n)
+                        .encode(family.encode_family(&EvictionLabel { kind, cause })?)?;
+                }
+            }
+        }
+        let gauges: [(&str, &str, CacheCounter); 2] = [
+            ("cache_entries", "Entries held now, by kind", |s| s.entries),
+            (
+                "cache_bytes",
+                "Bytes of secret material held now, by kind",
+                |s| s.bytes,
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (kind, stats) in &all {
+                ConstGauge::new(clamp(read(stats)))
+                    .encode(family.encode_family(&KindLabel { kind })?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Metrics {
     pub(crate) fn new(
         version: &'static str,
         transport: transport::Transport,
         budget: provider::ByteBudget,
+        caches: CacheSources,
     ) -> Self {
         let mut registry = Registry::with_prefix("oci_provider");
         let mounts = Family::<CodeLabel, Counter>::default();
@@ -147,6 +231,7 @@ impl Metrics {
         registry.register("build_info", "Provider version", build);
         registry.register_collector(Box::new(UpstreamCollector(transport)));
         registry.register_collector(Box::new(BudgetCollector(budget)));
+        registry.register_collector(Box::new(caches));
         let alive_tasks = Gauge::default();
         registry.register(
             "runtime_alive_tasks",

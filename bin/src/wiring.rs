@@ -7,17 +7,22 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use auth::{Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
+use cache::{Cache, CacheService};
 use provider::{ByteBudget, MountConfig, OciMount};
 use tower::Layer as _;
 use transport::{HttpService, Proxy, Transport, TransportConfig};
 use vault::{RetryPolicy, VaultClient};
 
-use crate::config::{Config, ServerConfig, UpstreamConfig};
+use crate::config::{CacheConfig, Config, ServerConfig, UpstreamConfig};
 use crate::health::HttpLimits;
 use crate::metrics::Metrics;
 
+/// The Secrets service the mounts call: the bundle cache over the Secrets API client.
+pub(crate) type Bundles =
+    CacheService<VaultClient<Signing<HttpService>>, vault::BundleKey, vault::SecretBundle>;
+
 /// The mount service the gRPC server calls.
-pub(crate) type Mount = OciMount<Principals, VaultClient<Signing<HttpService>>>;
+pub(crate) type Mount = OciMount<Principals, Bundles>;
 
 /// Everything a running provider holds.
 pub(crate) struct Stack {
@@ -25,6 +30,15 @@ pub(crate) struct Stack {
     pub(crate) provider: csi_grpc::CsiProvider<Mount>,
     /// What `/metrics` reports (the transport's hosts, the byte budget, the mounts).
     pub(crate) metrics: Arc<Metrics>,
+}
+
+fn bundle_cache_config(c: &CacheConfig) -> cache::CacheConfig {
+    cache::CacheConfig {
+        ttl: Some(Duration::from_secs(c.bundle_ttl_seconds)),
+        max_entries: c.bundle_max_entries,
+        max_bytes: c.bundle_max_bytes,
+        ..cache::CacheConfig::new("bundle")
+    }
 }
 
 impl From<&UpstreamConfig> for TransportConfig {
@@ -156,7 +170,8 @@ pub(crate) fn build(
     // 2. Identities, and requests signed as them, over the transport.
     let principals = Principals::new(principals_config, transport.service(), clock.clone())
         .context("cannot set up the OCI principals")?;
-    let signing = SigningLayer::new(Arc::new(principals.clone()), clock).layer(transport.service());
+    let signing =
+        SigningLayer::new(Arc::new(principals.clone()), clock.clone()).layer(transport.service());
 
     // 3. The Secrets API client over the signed service.
     let retry = RetryPolicy {
@@ -170,8 +185,19 @@ pub(crate) fn build(
         ))
         .with_max_body_bytes(u.max_bundle_bytes);
 
-    // 4. The mount service: identity, then the fetches, under the process's byte budget.
+    // 4. The bundle cache in front of it: one fetch per credential, secret and version at
+    //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
+    let bundles = Cache::new(bundle_cache_config(&config.cache), clock);
+    let purge_every = Duration::from_secs(config.cache.purge_interval_seconds);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        bundles.spawn_purger(purge_every);
+        principals.spawn_purgers(purge_every);
+    }
+    let vault = cache::CacheLayer::new(bundles.clone()).layer(vault);
+
+    // 5. The mount service: identity, then the fetches, under the process's byte budget.
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
+    let principals_for_metrics = principals.clone();
     let mount = OciMount::new(
         principals,
         vault,
@@ -184,8 +210,17 @@ pub(crate) fn build(
         },
     );
 
-    // 5. The CSI gRPC service, with its limits, reporting to the metrics.
-    let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION"), transport, budget));
+    // 6. The CSI gRPC service, with its limits, reporting to the metrics.
+    let caches = crate::metrics::CacheSources {
+        bundles,
+        principals: principals_for_metrics,
+    };
+    let metrics = Arc::new(Metrics::new(
+        env!("CARGO_PKG_VERSION"),
+        transport,
+        budget,
+        caches,
+    ));
     let info = csi_grpc::ServerInfo {
         runtime_name: crate::RUNTIME_NAME.to_owned(),
         runtime_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -175,6 +175,8 @@ pub struct CacheStats {
     pub evicted_expired: u64,
     /// Removed because a caller said so ([`Cache::invalidate_if`]).
     pub evicted_invalidated: u64,
+    /// Callers in a flight now: leading an upstream call or waiting for one.
+    pub in_flight: u64,
     /// Entries held now.
     pub entries: u64,
     /// Bytes held now ([`CacheValue::bytes`] summed).
@@ -189,6 +191,23 @@ struct Counters {
     evicted_size: AtomicU64,
     evicted_expired: AtomicU64,
     evicted_invalidated: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// Counts a caller in a flight while it lives.
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One stored value: the value, its expiry and a generation to tell it from a successor.
@@ -319,9 +338,14 @@ where
                 let value = fetch(stale).await?;
                 Ok(Arc::new(self.store(value)))
             };
-            let joined = tokio::time::timeout_at(deadline, inner.map.try_get_with(key.clone(), init))
-                .await
-                .map_err(|_| E::waited_too_long("waiting for the same fetch by another mount"))?;
+            let in_flight = InFlight::enter(&counters.in_flight);
+            let joined =
+                tokio::time::timeout_at(deadline, inner.map.try_get_with(key.clone(), init))
+                    .await
+                    .map_err(|_| {
+                        E::waited_too_long("waiting for the same fetch by another mount")
+                    })?;
+            drop(in_flight);
             let led = led.load(Ordering::Relaxed);
             match joined {
                 Ok(stored) => {
@@ -448,13 +472,18 @@ where
             evicted_size: c.evicted_size.load(Ordering::Relaxed),
             evicted_expired: c.evicted_expired.load(Ordering::Relaxed),
             evicted_invalidated: c.evicted_invalidated.load(Ordering::Relaxed),
+            in_flight: c.in_flight.load(Ordering::Relaxed),
             entries,
             bytes,
         }
     }
 
     fn store(&self, value: V) -> Stored<V> {
-        let ttl_end = self.inner.config.ttl.map(|ttl| self.inner.clock.now() + ttl);
+        let ttl_end = self
+            .inner
+            .config
+            .ttl
+            .map(|ttl| self.inner.clock.now() + ttl);
         let expires = match (ttl_end, value.expires()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

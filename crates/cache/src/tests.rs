@@ -52,7 +52,9 @@ impl JoinError for TestError {
 }
 
 fn clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_700_000_000)))
+    Arc::new(ManualClock::new(
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+    ))
 }
 
 fn cache(ttl: Option<Duration>, clock: &Arc<ManualClock>) -> Cache<u32, Value> {
@@ -194,14 +196,19 @@ async fn a_leader_with_an_earlier_deadline_does_not_pass_it_on() {
         tokio::spawn(async move {
             let deadline = later(1);
             cache
-                .get_or_fetch(&1, deadline, |_| true, |_| {
-                    let (fetches, stall) = (fetches.clone(), stall.clone());
-                    async move {
-                        fetches.fetch_add(1, Ordering::SeqCst);
-                        let _ = tokio::time::timeout_at(deadline, stall.notified()).await;
-                        Err::<Value, _>(TestError::Deadline)
-                    }
-                })
+                .get_or_fetch(
+                    &1,
+                    deadline,
+                    |_| true,
+                    |_| {
+                        let (fetches, stall) = (fetches.clone(), stall.clone());
+                        async move {
+                            fetches.fetch_add(1, Ordering::SeqCst);
+                            let _ = tokio::time::timeout_at(deadline, stall.notified()).await;
+                            Err::<Value, _>(TestError::Deadline)
+                        }
+                    },
+                )
                 .await
         })
     };
@@ -212,10 +219,15 @@ async fn a_leader_with_an_earlier_deadline_does_not_pass_it_on() {
             let (cache, fetches, alive) = (cache.clone(), fetches.clone(), alive.clone());
             tokio::spawn(async move {
                 cache
-                    .get_or_fetch(&1, later(60), |_| true, |_| {
-                        fetches.fetch_add(1, Ordering::SeqCst);
-                        std::future::ready(Ok::<_, TestError>(Value::new(3, 1, &alive)))
-                    })
+                    .get_or_fetch(
+                        &1,
+                        later(60),
+                        |_| true,
+                        |_| {
+                            fetches.fetch_add(1, Ordering::SeqCst);
+                            std::future::ready(Ok::<_, TestError>(Value::new(3, 1, &alive)))
+                        },
+                    )
                     .await
             })
         })
@@ -289,7 +301,9 @@ async fn errors_are_shared_with_joined_waiters_but_never_stored() {
     }
     assert_eq!(fetches.load(Ordering::SeqCst), 1);
     assert!(
-        errors.iter().all(|e| *e == TestError::Shared("NotFound".into())),
+        errors
+            .iter()
+            .all(|e| *e == TestError::Shared("NotFound".into())),
         "{errors:?}"
     );
     assert_eq!((cache.stats().misses, cache.stats().joined), (1, 4));
@@ -308,16 +322,28 @@ async fn values_expire_by_the_injected_clock() {
         let id = n.fetch_add(1, Ordering::SeqCst) as u32;
         std::future::ready(Ok::<_, TestError>(Value::new(id, 1, &alive)))
     };
-    let first = cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    let first = cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert_eq!((first.0.id, first.1), (0, Lookup::Fetched));
     clock.advance(Duration::from_secs(29));
-    let hit = cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    let hit = cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert_eq!((hit.0.id, hit.1), (0, Lookup::Hit));
     clock.advance(Duration::from_secs(1));
-    let refetched = cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    let refetched = cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert_eq!((refetched.0.id, refetched.1), (1, Lookup::Fetched));
     // An unusable value (e.g. invalidated) is fetched again too.
-    let unusable = cache.get_or_fetch(&1, later(5), |v| v.id != 1, fetch).await.unwrap();
+    let unusable = cache
+        .get_or_fetch(&1, later(5), |v| v.id != 1, fetch)
+        .await
+        .unwrap();
     assert_eq!((unusable.0.id, unusable.1), (2, Lookup::Fetched));
 }
 
@@ -345,7 +371,10 @@ async fn a_value_expiring_before_the_ttl_expires_first() {
     );
     let end = clock.now() + Duration::from_secs(10);
     let fetch = |_| std::future::ready(Ok::<_, TestError>(Expiring(end)));
-    cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert!(cache.get(&1).await.is_some());
     clock.advance(Duration::from_secs(10));
     assert!(cache.get(&1).await.is_none());
@@ -362,7 +391,10 @@ async fn a_zero_ttl_keeps_nothing() {
         std::future::ready(Ok::<_, TestError>(Value::new(1, 1, &alive)))
     };
     for _ in 0..3 {
-        let (_, lookup) = cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+        let (_, lookup) = cache
+            .get_or_fetch(&1, later(5), |_| true, fetch)
+            .await
+            .unwrap();
         assert_eq!(lookup, Lookup::Fetched);
     }
     assert_eq!(fetches.load(Ordering::SeqCst), 3);
@@ -378,7 +410,10 @@ async fn purging_drops_expired_values_without_waiting_for_a_read() {
     let alive = Arc::new(());
     for key in 0..10 {
         let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(key, 100, &alive)));
-        cache.get_or_fetch(&key, later(5), |_| true, fetch).await.unwrap();
+        cache
+            .get_or_fetch(&key, later(5), |_| true, fetch)
+            .await
+            .unwrap();
     }
     cache.sync().await;
     assert_eq!(cache.stats().entries, 10);
@@ -388,7 +423,10 @@ async fn purging_drops_expired_values_without_waiting_for_a_read() {
     clock.advance(Duration::from_secs(30));
     assert_eq!(cache.purge_expired().await, 10);
     let stats = cache.stats();
-    assert_eq!((stats.entries, stats.bytes, stats.evicted_expired), (0, 0, 10));
+    assert_eq!(
+        (stats.entries, stats.bytes, stats.evicted_expired),
+        (0, 0, 10)
+    );
     assert_eq!(Arc::strong_count(&alive), 1, "every value was dropped");
 }
 
@@ -398,7 +436,10 @@ async fn the_purger_runs_on_a_timer_and_stops_with_the_cache() {
     let cache = cache(Some(Duration::from_secs(30)), &clock);
     let alive = Arc::new(());
     let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(1, 1, &alive)));
-    cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     let purger = cache.spawn_purger(Duration::from_secs(10));
     clock.advance(Duration::from_secs(31));
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -424,7 +465,10 @@ async fn the_byte_bound_evicts_and_counts_secret_bytes() {
     let alive = Arc::new(());
     for key in 0..50 {
         let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(key, 1000, &alive)));
-        cache.get_or_fetch(&key, later(5), |_| true, fetch).await.unwrap();
+        cache
+            .get_or_fetch(&key, later(5), |_| true, fetch)
+            .await
+            .unwrap();
         cache.sync().await;
     }
     cache.sync().await;
@@ -451,7 +495,10 @@ async fn the_entry_bound_holds_for_small_values() {
     let alive = Arc::new(());
     for key in 0..200 {
         let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(key, 1, &alive)));
-        cache.get_or_fetch(&key, later(5), |_| true, fetch).await.unwrap();
+        cache
+            .get_or_fetch(&key, later(5), |_| true, fetch)
+            .await
+            .unwrap();
         cache.sync().await;
     }
     let stats = cache.stats();
@@ -465,7 +512,10 @@ async fn invalidation_removes_only_the_value_it_names() {
     let cache = cache(None, &clock);
     let alive = Arc::new(());
     let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(5, 1, &alive)));
-    cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert!(!cache.invalidate_if(&1, |v| v.id == 4).await);
     assert!(cache.get(&1).await.is_some());
     assert!(cache.invalidate_if(&1, |v| v.id == 5).await);
@@ -483,9 +533,15 @@ async fn the_stale_value_is_handed_to_the_fetch() {
         seen.lock().unwrap().push(stale.map(|v| v.id));
         std::future::ready(Ok::<_, TestError>(Value::new(9, 1, &alive)))
     };
-    cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(1));
-    cache.get_or_fetch(&1, later(5), |_| true, fetch).await.unwrap();
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
     assert_eq!(*seen.lock().unwrap(), vec![None, Some(9)]);
 }
 
@@ -538,8 +594,14 @@ mod layer {
         let other = service.clone().oneshot(req(2)).await.unwrap();
         assert_eq!((other.value.id, other.lookup), (2, Lookup::Fetched));
         let not_found = TestError::Shared("NotFound".into());
-        assert_eq!(service.clone().oneshot(req(0)).await.unwrap_err(), not_found);
-        assert_eq!(service.clone().oneshot(req(0)).await.unwrap_err(), not_found);
+        assert_eq!(
+            service.clone().oneshot(req(0)).await.unwrap_err(),
+            not_found
+        );
+        assert_eq!(
+            service.clone().oneshot(req(0)).await.unwrap_err(),
+            not_found
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 4);
         assert_eq!(service.cache().stats().hits, 1);
     }

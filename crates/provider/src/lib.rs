@@ -14,4 +14,4 @@ pub use budget::{ByteBudget, Reservation};
 pub use params::{
     AuthSpec, DEFAULT_MAX_SECRETS, MountParameters, ParamError, SecretSpec, Stage, VersionSelector,
 };
-pub use service::{IdentityService, MountConfig, OciMount};
+pub use service::{BundleResponse, IdentityService, MountConfig, OciMount};

@@ -47,6 +47,26 @@ where
     type IdentityFuture = A::Future;
 }
 
+/// What the mount service needs of the Secrets service's answer: the bundle, and whether
+/// it came from the cache. A bare `vault::SecretBundle` (a `VaultClient`, a test fake) was
+/// fetched; `cache::Cached` (a `CacheLayer` in front of the client) says.
+pub trait BundleResponse: Send + 'static {
+    /// The bundle and how it was obtained.
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup);
+}
+
+impl BundleResponse for vault::SecretBundle {
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
+        (self, cache::Lookup::Fetched)
+    }
+}
+
+impl BundleResponse for cache::Cached<vault::SecretBundle> {
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
+        (self.value, self.lookup)
+    }
+}
+
 /// Bounds of one mount.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -105,11 +125,8 @@ impl<A, V> fmt::Debug for OciMount<A, V> {
 impl<A, V> OciMount<A, V>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
+    V::Response: BundleResponse,
     V::Future: Send + 'static,
 {
     /// A mount service establishing identities with `auth` (a tower service, usually
@@ -181,7 +198,7 @@ where
             .map(|(index, spec)| {
                 let request = vault::SecretRequest {
                     base_url: established.secrets_endpoint.clone(),
-                    identity: established.identity.clone(),
+                    credential: established.credential.clone(),
                     secret: vault::SecretRef::ByName {
                         vault_id: params.vault_id.clone(),
                         name: spec.name.clone(),
@@ -202,11 +219,12 @@ where
                         None => None,
                     };
                     match vault.oneshot(request).await {
-                        Ok(bundle) => {
+                        Ok(answer) => {
+                            let (bundle, lookup) = answer.into_parts();
                             if let Some(r) = &mut reservation {
                                 r.shrink_to(bundle.content.len());
                             }
-                            (index, Fetched::Bundle(bundle, reservation))
+                            (index, Fetched::Bundle(bundle, lookup, reservation))
                         }
                         Err(err) => (index, Fetched::Failed(err)),
                     }
@@ -218,9 +236,13 @@ where
         let mut reservations = Vec::new();
         let mut failures: Vec<(usize, vault::VaultError)> = Vec::new();
         let mut total = 0usize;
+        let mut shared: Vec<(usize, cache::Lookup)> = Vec::new();
         while let Some((index, fetched)) = pending.next().await {
             match fetched {
-                Fetched::Bundle(bundle, reservation) => {
+                Fetched::Bundle(bundle, lookup, reservation) => {
+                    if lookup.is_shared() {
+                        shared.push((index, lookup));
+                    }
                     total = total.saturating_add(bundle.content.len());
                     bundles[index] = Some(bundle);
                     reservations.extend(reservation);
@@ -254,7 +276,12 @@ where
         let abandoned = pending.len();
         drop(pending);
         if !failures.is_empty() {
-            return Err(combine(params, failures, abandoned, &established.identity));
+            return Err(combine(
+                params,
+                failures,
+                abandoned,
+                &established.identity(),
+            ));
         }
         let bundles = bundles
             .into_iter()
@@ -262,13 +289,44 @@ where
             .ok_or_else(|| {
                 MountError::internal("internal error: a secret was neither fetched nor failed")
             })?;
+        log_shared(&established.credential, &bundles, shared);
         Ok((bundles, reservations))
     }
 }
 
+/// Completes OCI's audit trail: reads answered from the cache (or by joining another
+/// mount's fetch) never reached OCI, so the provider's log says which, for whom.
+fn log_shared(
+    credential: &auth::Credential,
+    bundles: &[vault::SecretBundle],
+    mut shared: Vec<(usize, cache::Lookup)>,
+) {
+    if shared.is_empty() {
+        return;
+    }
+    shared.sort_by_key(|(index, _)| *index);
+    let entries: Vec<String> = shared
+        .iter()
+        .filter_map(|(index, lookup)| {
+            let bundle = bundles.get(*index)?;
+            Some(format!(
+                "secrets[{index}] {} version {} ({})",
+                bundle.secret_id,
+                bundle.version_number,
+                lookup.as_str()
+            ))
+        })
+        .collect();
+    tracing::info!(
+        %credential,
+        served_without_oci = %entries.join(", "),
+        "secrets served from the provider's cache (OCI's audit log does not see these reads)"
+    );
+}
+
 /// What one fetch gave.
 enum Fetched {
-    Bundle(vault::SecretBundle, Option<Reservation>),
+    Bundle(vault::SecretBundle, cache::Lookup, Option<Reservation>),
     Failed(vault::VaultError),
     OverBudget,
 }
@@ -498,11 +556,8 @@ fn assemble(
 impl<A, V> Service<MountRequest> for OciMount<A, V>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Response = vault::SecretBundle, Error = vault::VaultError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
+    V::Response: BundleResponse,
     V::Future: Send + 'static,
 {
     type Response = MountResponse;

@@ -493,6 +493,16 @@ impl EmulatorHandle {
         )
     }
 
+    /// Deletes and recreates a Kubernetes service account of the same name: it gets `uid`,
+    /// and tokens issued from now on carry it (policies name service accounts, so the new
+    /// one may read what the old one could).
+    pub fn recreate_service_account(&self, namespace: &str, name: &str, uid: &str) {
+        self.shared
+            .state()
+            .service_accounts
+            .insert((namespace.to_owned(), name.to_owned()), uid.to_owned());
+    }
+
     /// Creates or replaces a Kubernetes Secret, as `kubectl apply` would: its
     /// `resourceVersion` changes.
     pub fn put_kube_secret(&self, secret: KubeSecretSeed) {

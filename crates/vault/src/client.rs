@@ -48,7 +48,7 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 /// let bundle = client
 ///     .oneshot(SecretRequest {
 ///         base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
-///         identity: auth::Identity::Instance,
+///         credential: auth::Credential::Instance { tenancy: "ocid1.tenancy.oc1..t".into(), instance: "ocid1.instance.oc1..i".into() },
 ///         secret: SecretRef::ByName { vault_id: "ocid1.vault.oc1..v".into(), name: "db".into() },
 ///         selector: Selector::Stage(Stage::Current),
 ///         deadline: tokio::time::Instant::now() + Duration::from_secs(10),
@@ -184,7 +184,7 @@ where
             }
             tracing::debug!(
                 secret = %self.secret,
-                principal = %self.request.identity,
+                principal = %self.request.identity(),
                 attempt = attempts,
                 error = %error,
                 delay_ms = delay.as_millis() as u64,
@@ -197,14 +197,14 @@ where
     fn subject(&self) -> Box<Subject> {
         Box::new(Subject {
             secret: self.secret.clone(),
-            principal: self.request.identity.clone(),
+            principal: self.request.identity(),
         })
     }
 
     fn give_up(&self, attempts: u32, stopped: Stopped, last: VaultError) -> VaultError {
         tracing::debug!(
             secret = %self.secret,
-            principal = %self.request.identity,
+            principal = %self.request.identity(),
             attempts,
             ?stopped,
             "giving up on OCI secrets call"
@@ -250,7 +250,7 @@ where
             .or(request_id);
         tracing::debug!(
             secret = %self.secret,
-            principal = %self.request.identity,
+            principal = %self.request.identity(),
             %method,
             attempt,
             status = status.as_u16(),
@@ -294,7 +294,7 @@ where
                 OPC_CLIENT_RETRIES,
                 HeaderValue::from_static(if retries { "true" } else { "false" }),
             )
-            .extension(self.request.identity.clone())
+            .extension(self.request.identity())
             .extension(transport::Deadline(self.request.deadline));
         if let Some(id) = request_id {
             builder = builder.header(OPC_REQUEST_ID, id);
@@ -400,7 +400,10 @@ mod tests {
     fn request(deadline: Duration) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.example.com".into(),
-            identity: Identity::Instance,
+            credential: auth::Credential::Instance {
+                tenancy: "ocid1.tenancy.oc1..t".into(),
+                instance: "ocid1.instance.oc1..i".into(),
+            },
             secret: SecretRef::ByName {
                 vault_id: "ocid1.vault.oc1..v".into(),
                 name: "db".into(),

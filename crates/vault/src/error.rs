@@ -247,6 +247,29 @@ pub enum VaultError {
         #[source]
         last: Box<VaultError>,
     },
+    /// The failure of a fetch this one joined: the same secret, version and credential
+    /// asked for by several mounts at once is fetched once, and its error handed to each.
+    #[error(transparent)]
+    Shared(std::sync::Arc<VaultError>),
+    /// The deadline passed while this mount waited for the same fetch by another mount.
+    #[error("the deadline passed while {0}")]
+    Waited(&'static str),
+}
+
+impl cache::JoinError for VaultError {
+    fn from_shared(shared: std::sync::Arc<Self>) -> Self {
+        VaultError::Shared(shared)
+    }
+
+    fn waited_too_long(what: &'static str) -> Self {
+        VaultError::Waited(what)
+    }
+
+    /// A timeout is the leader's (its deadline, or its transport timeout): a waiter with
+    /// time left fetches itself rather than fail with it.
+    fn is_leaders_own(&self) -> bool {
+        self.kind() == ErrorKind::DeadlineExceeded
+    }
 }
 
 fn attempt_word(attempts: u32) -> &'static str {
@@ -293,6 +316,8 @@ impl VaultError {
             },
             VaultError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             VaultError::Exhausted { last, .. } => last.kind(),
+            VaultError::Shared(shared) => shared.kind(),
+            VaultError::Waited(_) => ErrorKind::DeadlineExceeded,
         }
     }
 
@@ -319,6 +344,7 @@ impl VaultError {
             // worth another attempt: auth does not retry its own calls.
             VaultError::Signing { source, .. } => source.kind() == auth::ErrorKind::Unavailable,
             VaultError::Exhausted { last, .. } => last.is_retryable(),
+            VaultError::Shared(shared) => shared.is_retryable(),
             _ => false,
         }
     }
@@ -334,6 +360,7 @@ impl VaultError {
             | VaultError::Malformed { opc_request_id, .. }
             | VaultError::Transport { opc_request_id, .. } => opc_request_id.as_deref(),
             VaultError::Exhausted { last, .. } => last.opc_request_id(),
+            VaultError::Shared(shared) => shared.opc_request_id(),
             _ => None,
         }
     }
@@ -347,6 +374,7 @@ impl VaultError {
             | VaultError::InvalidArgument { oci, .. }
             | VaultError::Status { oci, .. } => Some(oci),
             VaultError::Exhausted { last, .. } => last.oci_error(),
+            VaultError::Shared(shared) => shared.oci_error(),
             _ => None,
         }
     }
@@ -420,8 +448,9 @@ impl VaultError {
         }
     }
 
-    /// The secret and principal the failed request was about.
-    pub fn subject(&self) -> &Subject {
+    /// The secret and principal the failed request was about (`None` for a mount that
+    /// gave up waiting for another's fetch: the caller knows what it asked for).
+    pub fn subject(&self) -> Option<&Subject> {
         match self {
             VaultError::NotFound { subject, .. }
             | VaultError::Unauthenticated { subject, .. }
@@ -433,8 +462,10 @@ impl VaultError {
             | VaultError::Transport { subject, .. }
             | VaultError::DeadlineExceeded { subject, .. }
             | VaultError::InvalidRequest { subject, .. }
-            | VaultError::Other { subject, .. } => subject,
+            | VaultError::Other { subject, .. } => Some(subject),
             VaultError::Exhausted { last, .. } => last.subject(),
+            VaultError::Shared(shared) => shared.subject(),
+            VaultError::Waited(_) => None,
         }
     }
 }

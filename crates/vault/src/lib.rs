@@ -22,12 +22,14 @@ mod client;
 mod error;
 #[cfg(test)]
 mod fuzz;
+mod key;
 mod request;
 mod retry;
 
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use client::{DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
+pub use key::{BundleKey, BundleType, Service};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::RetryPolicy;
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use auth::Identity;
+use auth::{Credential, Identity};
 use tokio::time::Instant;
 
 /// The API version prefix of every Secrets path.
@@ -122,8 +122,9 @@ pub struct SecretRequest {
     /// `https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com` or the emulator's
     /// `https://127.0.0.1:PORT`.
     pub base_url: String,
-    /// Who the request is made as; the signing layer signs with this identity's key.
-    pub identity: Identity,
+    /// Which credential the request is made with; the signing layer signs with the key
+    /// of its [`Identity`], and a cached answer is only ever served to the same credential.
+    pub credential: Credential,
     /// The secret.
     pub secret: SecretRef,
     /// The version.
@@ -133,6 +134,11 @@ pub struct SecretRequest {
 }
 
 impl SecretRequest {
+    /// Who the request is made as.
+    pub fn identity(&self) -> Identity {
+        self.credential.identity()
+    }
+
     /// How errors name the secret: the name and vault, or the OCID, and the selector.
     pub(crate) fn describe(&self) -> String {
         match &self.secret {
@@ -223,7 +229,10 @@ mod tests {
     fn request(secret: SecretRef, selector: Selector) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.example.com/".into(),
-            identity: Identity::Instance,
+            credential: auth::Credential::Instance {
+                tenancy: "ocid1.tenancy.oc1..t".into(),
+                instance: "ocid1.instance.oc1..i".into(),
+            },
             secret,
             selector,
             deadline: Instant::now(),

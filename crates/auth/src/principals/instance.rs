@@ -60,7 +60,6 @@ pub(super) async fn establish(
     let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
     let session = session(inner, deadline).await?;
     Ok(super::Established {
-        identity: Identity::Instance,
         credential: session.credential,
         secrets_endpoint,
     })

@@ -220,13 +220,19 @@ impl IdentityRequest {
 /// The identity a mount's OCI calls are made as, and where they go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Established {
-    /// Put it in the extensions of every request of this mount.
-    pub identity: Identity,
-    /// Exactly which credential of that identity was established: what anything fetched
-    /// with it is cached under.
+    /// Exactly which credential was established: its [`Established::identity`] goes in the
+    /// extensions of every request of this mount, and anything fetched with it is cached
+    /// under it.
     pub credential: Credential,
     /// Secrets API base URL, without a trailing slash.
     pub secrets_endpoint: String,
+}
+
+impl Established {
+    /// Who the mount's requests are made as.
+    pub fn identity(&self) -> Identity {
+        self.credential.identity()
+    }
 }
 
 /// What the credential caches hold at most (identities seen at once on one node), and
@@ -239,7 +245,11 @@ const CREDENTIAL_IDLE: Duration = Duration::from_secs(3600);
 /// its CRT parts, the token and the bookkeeping around them.
 pub(crate) const CREDENTIAL_BYTES: usize = 4096;
 
-fn credential_cache<K, V>(kind: &'static str, ttl: Option<Duration>, clock: &SharedClock) -> Cache<K, V>
+fn credential_cache<K, V>(
+    kind: &'static str,
+    ttl: Option<Duration>,
+    clock: &SharedClock,
+) -> Cache<K, V>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     V: cache::CacheValue,

@@ -88,13 +88,8 @@ pub(super) async fn establish(
     if secret_name.is_empty() {
         return Err(AuthError::MissingRequestField("authSecretName"));
     }
-    let identity = Identity::User {
-        namespace: namespace.to_owned(),
-        secret_name: secret_name.to_owned(),
-    };
     let loaded = cached_or_load(inner, namespace, secret_name, request.deadline).await?;
     Ok(super::Established {
-        identity,
         credential: loaded.credential.clone(),
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
     })

@@ -170,7 +170,6 @@ pub(super) async fn establish(
         )
         .await?;
     Ok(super::Established {
-        identity: session.identity.clone(),
         credential: session.credential.clone(),
         secrets_endpoint,
     })

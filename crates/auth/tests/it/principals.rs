@@ -139,7 +139,7 @@ async fn get_by_name(
         .unwrap();
     request
         .extensions_mut()
-        .insert(established.identity.clone());
+        .insert(established.identity().clone());
     request.extensions_mut().insert(Deadline(deadline()));
     service.oneshot(request).await
 }
@@ -158,7 +158,7 @@ async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
         .unwrap();
     request
         .extensions_mut()
-        .insert(established.identity.clone());
+        .insert(established.identity().clone());
     service.oneshot(request).await.unwrap()
 }
 
@@ -269,7 +269,7 @@ async fn user_principal_end_to_end_signs_verified_post_and_get() {
     let fx = user_fixture().await;
     let established = fx.principals.establish(&user_request()).await.unwrap();
     assert_eq!(
-        established.identity,
+        established.identity(),
         Identity::User {
             namespace: NS.into(),
             secret_name: "oci-config".into()
@@ -510,9 +510,9 @@ async fn workload_identity_end_to_end_with_driver_token_and_with_token_request()
     let Identity::Workload {
         service_account_uid: Some(_),
         ..
-    } = &established.identity
+    } = &established.identity()
     else {
-        panic!("no uid: {:?}", established.identity);
+        panic!("no uid: {:?}", established.identity());
     };
     assert_eq!(
         get_by_name(own(&fx), &fx, &established)
@@ -578,7 +578,7 @@ async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
         .establish(&with_token(request(PrincipalKind::Workload, SA), token))
         .await
         .unwrap();
-    let identity = &established.identity;
+    let identity = &established.identity();
     let first = fx.principals.signing_key(identity).await.unwrap();
     // The first refused request renews the token...
     fx.principals.invalidate(identity, first.key_id()).await;
@@ -654,7 +654,7 @@ async fn two_hundred_concurrent_mounts_of_one_identity_make_one_exchange() {
     assert_eq!(stats.responses(Endpoint::Secrets, 200), 200);
     let recorded = fx.emu.secrets_calls();
     assert_eq!(recorded.len(), 200);
-    let expected = principal_of(&established[0].identity);
+    let expected = principal_of(&established[0].identity());
     assert!(
         recorded
             .iter()
@@ -701,7 +701,7 @@ async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_reques
     for (sa, established) in &mounts {
         let Identity::Workload {
             service_account, ..
-        } = &established.identity
+        } = &established.identity()
         else {
             panic!()
         };
@@ -715,7 +715,7 @@ async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_reques
             200
         );
         let call = &fx.emu.secrets_calls()[before];
-        assert_eq!(call.identity, Some(principal_of(&established.identity)));
+        assert_eq!(call.identity, Some(principal_of(&established.identity())));
     }
     let stats = fx.emu.stats();
     assert_eq!(stats.total_proxymux_exchanges(), 20);
@@ -739,7 +739,7 @@ async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session
     let established = fx.principals.establish(&mount()).await.unwrap();
     let first = fx
         .principals
-        .signing_key(&established.identity)
+        .signing_key(&established.identity())
         .await
         .unwrap();
     // The emulator's RPSTs live 1200 s: expiry at t0 + 1200.
@@ -748,9 +748,9 @@ async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
     fx.clock.set(t0 + Duration::from_secs(1200 - 299));
     let again = fx.principals.establish(&mount()).await.unwrap();
-    assert_eq!(again.identity, established.identity);
+    assert_eq!(again.identity(), established.identity());
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
-    let second = fx.principals.signing_key(&again.identity).await.unwrap();
+    let second = fx.principals.signing_key(&again.identity()).await.unwrap();
     assert_ne!(
         first.key().public_key_pem(),
         second.key().public_key_pem(),
@@ -878,7 +878,7 @@ async fn instance_principal_end_to_end_with_the_region_from_instance_metadata() 
         .establish(&request(PrincipalKind::Instance, SA))
         .await
         .unwrap();
-    assert_eq!(established.identity, Identity::Instance);
+    assert_eq!(established.identity(), Identity::Instance);
     assert_eq!(
         get_by_name(own(&fx), &fx, &established)
             .await

@@ -30,7 +30,7 @@ impl tower::Service<auth::IdentityRequest> for Auth {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             Ok(auth::Established {
-                identity: auth::Identity::Workload {
+                credential: auth::Credential::Workload {
                     namespace: request.namespace.clone().unwrap_or_default(),
                     service_account: request.service_account.clone().unwrap_or_default(),
                     service_account_uid: None,
@@ -93,7 +93,7 @@ impl Drop for Flight {
 fn subject(request: &vault::SecretRequest) -> Box<vault::Subject> {
     Box::new(vault::Subject {
         secret: format!("{:?}", request.secret),
-        principal: request.identity.clone(),
+        principal: request.identity(),
     })
 }
 

@@ -26,13 +26,14 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
         vault.requests.lock().unwrap().is_empty(),
         "nothing fetched before the identity"
     );
-    let identity = auth::Identity::Workload {
+    let credential = auth::Credential::Workload {
         namespace: "app".into(),
         service_account: "web".into(),
         service_account_uid: Some("uid-1".into()),
     };
+    let identity = credential.identity();
     answer.send_response(auth::Established {
-        identity: identity.clone(),
+        credential: credential.clone(),
         secrets_endpoint: "https://secrets.mock".into(),
     });
 
@@ -41,7 +42,8 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
     let requests = vault.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 2);
     for r in &requests {
-        assert_eq!(r.identity, identity, "fetched as the answered identity");
+        assert_eq!(r.identity(), identity, "fetched as the answered identity");
+        assert_eq!(r.credential, credential);
         assert_eq!(r.base_url, "https://secrets.mock");
     }
     assert_eq!(vault.in_flight.load(Ordering::SeqCst), 0);

@@ -3,6 +3,7 @@
 // Test helpers are shared between modules of this one test binary; they are not an API.
 #![allow(unreachable_pub, missing_debug_implementations)]
 
+mod cache;
 mod fakes;
 mod fanout;
 mod identity;

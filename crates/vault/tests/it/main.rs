@@ -56,6 +56,17 @@ impl Credentials for UserKey {
     }
 }
 
+fn user_credential() -> auth::Credential {
+    auth::Credential::User {
+        namespace: "team".into(),
+        secret_name: "oci-user".into(),
+        resource_version: "1".into(),
+        key_fingerprint: "00".into(),
+        user: USER.into(),
+        tenancy: TENANCY.into(),
+    }
+}
+
 fn user_identity() -> Identity {
     Identity::User {
         namespace: "team".into(),
@@ -134,7 +145,7 @@ impl Fixture {
     fn request(&self, secret: SecretRef, selector: Selector, deadline: Duration) -> SecretRequest {
         SecretRequest {
             base_url: self.emu.url(Endpoint::Secrets),
-            identity: user_identity(),
+            credential: user_credential(),
             secret,
             selector,
             deadline: Instant::now() + deadline,
@@ -425,7 +436,10 @@ async fn forbidden_is_permission_denied() {
 async fn signing_failure_is_unauthenticated_without_a_request() {
     let f = fixture().await;
     let mut request = f.request(by_name(NAME), current(), Duration::from_secs(30));
-    request.identity = Identity::Instance;
+    request.credential = auth::Credential::Instance {
+        tenancy: TENANCY.into(),
+        instance: "ocid1.instance.oc1..i".into(),
+    };
     let error = f.client.clone().oneshot(request).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     let message = error.to_string();
