@@ -19,6 +19,8 @@ const TENANCY: &str = "ocid1.tenancy.oc1..e2etenancy";
 const USER: &str = "ocid1.user.oc1..e2euser";
 const SECRET_BYTES: &str = "S3CR3T-CONTENT-never-logged";
 const WAIT: Duration = Duration::from_secs(20);
+/// The bundle cache keeps nothing (concurrent identical fetches are still joined).
+const NO_CACHE: (&str, &str) = ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", "0");
 
 fn auth_data(file: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -149,7 +151,8 @@ fn open_on_emulator(emu: &Emulator) -> u64 {
 #[tokio::test]
 async fn each_principal_mounts_real_files_from_the_emulator() {
     let emu = emulator(1).await;
-    let provider = provider(&emu, &[], &[]).await;
+    // Every mount reads OCI (the cache is `repeated_mounts_are_served_from_the_cache`).
+    let provider = provider(&emu, &[], &[NO_CACHE]).await;
     let mut client = provider.client().await;
     for auth_type in ["workload", "instance", "user"] {
         let response = client
@@ -224,7 +227,10 @@ async fn a_storm_of_2000_workload_mounts_stays_within_the_connection_bound() {
     let provider = provider(
         &emu,
         &["--log-level=warn"],
-        &[("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "6")],
+        &[
+            ("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "6"),
+            NO_CACHE,
+        ],
     )
     .await;
     let client = provider.client().await;
@@ -288,9 +294,20 @@ async fn a_storm_of_2000_workload_mounts_stays_within_the_connection_bound() {
     }
     let token_requests: u64 = stats.token_requests.values().sum();
     assert!(token_requests <= IDENTITIES as u64, "{token_requests}");
+    // With a zero TTL nothing is kept, but identical fetches in flight at once are made
+    // once: every storm mount either fetched or joined another's fetch.
+    let metrics = provider.metrics().await;
+    let joined = metric(&metrics, "oci_provider_cache_joined_total{kind=\"bundle\"}");
+    let fetched =
+        stats.responses(Endpoint::Secrets, 200) - before.responses(Endpoint::Secrets, 200);
     assert_eq!(
-        stats.responses(Endpoint::Secrets, 200),
-        (MOUNTS + IDENTITIES) as u64
+        fetched + joined as u64,
+        MOUNTS as u64,
+        "fetched {fetched}, joined {joined}"
+    );
+    assert_eq!(
+        metric(&metrics, "oci_provider_cache_hits_total{kind=\"bundle\"}"),
+        0.0
     );
     // Every Secrets call was made as the identity of the mount that asked.
     for call in emu.secrets_calls() {
@@ -328,7 +345,7 @@ async fn drained_task_count(provider: &Provider) -> f64 {
 #[tokio::test]
 async fn scripted_faults_have_exact_outcomes_and_request_counts() {
     let emu = emulator(1).await;
-    let provider = provider(&emu, &[], &[]).await;
+    let provider = provider(&emu, &[], &[NO_CACHE]).await;
     let mut client = provider.client().await;
     let one = "- name: db-password\n";
     client
@@ -462,7 +479,7 @@ async fn idle_connections_close_on_both_sides_after_the_idle_timeout() {
 #[tokio::test]
 async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential() {
     let emu = emulator(2).await;
-    let provider = provider(&emu, &["--log-level=trace"], &[]).await;
+    let provider = provider(&emu, &["--log-level=trace"], &[NO_CACHE]).await;
     let mut client = provider.client().await;
     let sa_token = emu
         .issue_service_account_token(
@@ -725,4 +742,62 @@ async fn a_tenants_region_cannot_choose_where_the_provider_connects() {
         "no such host in the metrics"
     );
     assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn repeated_mounts_are_served_from_the_cache_and_logged() {
+    let emu = emulator(2).await;
+    let provider = provider(&emu, &["--log-level=info"], &[]).await;
+    let mut client = provider.client().await;
+    for round in 0..3 {
+        for (auth_type, sa) in [
+            ("workload", "sa-0"),
+            ("workload", "sa-1"),
+            ("instance", "sa-0"),
+            ("user", "sa-0"),
+        ] {
+            let response = client
+                .mount(request(auth_type, sa, round, TWO_SECRETS))
+                .await
+                .unwrap_or_else(|s| panic!("{auth_type}: {s:?}"))
+                .into_inner();
+            assert_eq!(response.files[0].contents, SECRET_BYTES.as_bytes());
+        }
+    }
+    // One fetch per credential and secret: 4 credentials x 2 secrets; the other two
+    // rounds were answered from memory.
+    let stats = emu.stats();
+    assert_eq!(stats.responses(Endpoint::Secrets, 200), 8);
+    let metrics = provider.metrics().await;
+    assert_eq!(
+        metric(&metrics, "oci_provider_cache_hits_total{kind=\"bundle\"}"),
+        16.0
+    );
+    assert_eq!(
+        metric(&metrics, "oci_provider_cache_entries{kind=\"bundle\"}"),
+        8.0
+    );
+    assert!(metric(&metrics, "oci_provider_cache_bytes{kind=\"bundle\"}") >= 8.0 * 5.0);
+    assert_eq!(
+        metric(&metrics, "oci_provider_cache_misses_total{kind=\"rpst\"}"),
+        2.0,
+        "one exchange per service account"
+    );
+    let output = provider.terminate().await;
+    assert!(output.status.success());
+    // The audit trail: which reads the cache answered, as whom, which version.
+    let served: Vec<&str> = output
+        .stderr
+        .lines()
+        .filter(|l| l.contains("served_without_oci"))
+        .collect();
+    assert_eq!(served.len(), 8, "{}", output.stderr);
+    assert!(
+        served.iter().any(
+            |l| l.contains("ocid1.vaultsecret.oc1.iad.db version 2 (hit)")
+                && l.contains("service account storm/sa-1")
+        ),
+        "{served:?}"
+    );
+    assert!(!output.stderr.contains(SECRET_BYTES));
 }
