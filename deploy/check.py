@@ -58,8 +58,8 @@ def quantity(text):
 
 
 def memory_model(docs, baseline_mib):
-    """The memory model of ARCHITECTURE.md: baseline + 2 x max_in_flight_bytes (+ the
-    secret cache once it exists) fits the container's memory limit with 10% to spare.
+    """The memory model of ARCHITECTURE.md: baseline + 2 x max_in_flight_bytes + the
+    secret-bundle cache fits the container's memory limit with 10% to spare.
     Returns a problem, or None."""
     for _, doc in docs:
         if doc["kind"] != "DaemonSet":
@@ -68,10 +68,12 @@ def memory_model(docs, baseline_mib):
         limit = quantity(container["resources"]["limits"]["memory"])
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
         in_flight = int(env["OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"])
-        need = baseline_mib * MIB + 2 * in_flight
+        cache = int(env["OCI_PROVIDER_CACHE__BUNDLE_MAX_BYTES"])
+        need = baseline_mib * MIB + 2 * in_flight + cache
         if need > limit * 0.9:
             return (f"memory model: {baseline_mib} MiB baseline + 2 x {in_flight // MIB} MiB in flight "
-                    f"= {need // MIB} MiB does not fit 90% of the {limit // MIB} MiB limit")
+                    f"+ {cache // MIB} MiB cache = {need // MIB} MiB does not fit 90% of the "
+                    f"{limit // MIB} MiB limit")
         return None
     return "no DaemonSet rendered"
 
@@ -100,6 +102,9 @@ def main():
     greedy = render({"provider": {"memory": {"baselineMiB": 24, "maxInFlightMiB": 64}}})
     if memory_model(greedy, baseline) is None:
         sys.exit("memory model check passed a 64 MiB in-flight budget under a 128 MiB limit")
+    greedy_cache = render({"provider": {"memory": {"bundleCacheMiB": 64}}})
+    if memory_model(greedy_cache, baseline) is None:
+        sys.exit("memory model check passed a 64 MiB bundle cache under a 128 MiB limit")
     text = plain(defaults)
     if "--write" in sys.argv:
         PLAIN.write_text(text)

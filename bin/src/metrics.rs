@@ -187,8 +187,13 @@ impl Collector for CacheSources {
                 }
             }
         }
-        let gauges: [(&str, &str, CacheCounter); 2] = [
+        let gauges: [(&str, &str, CacheCounter); 3] = [
             ("cache_entries", "Entries held now, by kind", |s| s.entries),
+            (
+                "cache_in_flight",
+                "Callers leading or waiting for an upstream fetch now, by kind",
+                |s| s.in_flight,
+            ),
             (
                 "cache_bytes",
                 "Bytes of secret material held now, by kind",

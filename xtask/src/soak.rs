@@ -15,6 +15,7 @@ use crate::procs::{Emulator, Provider, build, metric_sum, mount_request, root};
 const HELP: &str =
     "usage: cargo xtask soak [--mounts N] [--concurrency C] [--secrets K] [--identities I]
                         [--auth workload|instance] [--warmup W] [--checkpoints P] [--debug]
+                        [--distinct-secrets N] [--secret-bytes B] [--ttl SECONDS]
 
   --mounts N        mounts after warm-up (default 100000)
   --concurrency C   mounts in flight (default 16)
@@ -24,6 +25,11 @@ const HELP: &str =
   --warmup W        mounts before measuring (default 1000)
   --checkpoints P   RSS samples over the run (default 10)
   --debug           use debug builds (default: release)
+  --distinct-secrets N
+                    N secrets of --secret-bytes each; mount i reads K of them in turn, so
+                    the bundle cache fills and evicts (default 0: the 3 small secrets)
+  --secret-bytes B  size of each distinct secret (default 4096)
+  --ttl SECONDS     cache.bundle_ttl_seconds of the provider (default: its default, 30)
 ";
 
 #[derive(Debug)]
@@ -36,6 +42,9 @@ struct Options {
     warmup: usize,
     checkpoints: usize,
     release: bool,
+    distinct_secrets: usize,
+    secret_bytes: usize,
+    ttl: Option<usize>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -48,6 +57,9 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         warmup: 1000,
         checkpoints: 10,
         release: true,
+        distinct_secrets: 0,
+        secret_bytes: 4096,
+        ttl: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -66,6 +78,9 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
             "--checkpoints" => o.checkpoints = value("--checkpoints")?.max(1),
             "--auth" => o.auth = it.next().context("--auth needs a value")?.clone(),
             "--debug" => o.release = false,
+            "--distinct-secrets" => o.distinct_secrets = value("--distinct-secrets")?,
+            "--secret-bytes" => o.secret_bytes = value("--secret-bytes")?.clamp(1, 24 * 1024),
+            "--ttl" => o.ttl = Some(value("--ttl")?),
             "-h" | "--help" => {
                 eprint!("{HELP}");
                 return Ok(None);
@@ -101,6 +116,19 @@ fn seed(options: &Options) -> String {
         let _ = write!(
             seed,
             "\n[[secrets]]\nid = \"ocid1.vaultsecret.oc1.iad.soak{s}\"\nname = \"s{s}\"\nvault_id = \"ocid1.vault.oc1.iad.soak\"\n\n[[secrets.versions]]\nnumber = 1\nstages = [\"CURRENT\", \"LATEST\"]\ncontent = {{ text = \"value-of-s{s}-v1\" }}\n\n[secrets.access]\nworkloads = [{}]\ninstance_tenancies = [\"ocid1.tenancy.oc1..soakinstance\"]\n",
+            workloads.join(", ")
+        );
+    }
+    for d in 0..options.distinct_secrets {
+        // Distinct bytes per secret, so nothing can share them.
+        let text: String = format!("d{d}-")
+            .chars()
+            .cycle()
+            .take(options.secret_bytes)
+            .collect();
+        let _ = write!(
+            seed,
+            "\n[[secrets]]\nid = \"ocid1.vaultsecret.oc1.iad.distinct{d}\"\nname = \"d{d}\"\nvault_id = \"ocid1.vault.oc1.iad.soak\"\n\n[[secrets.versions]]\nnumber = 1\nstages = [\"CURRENT\", \"LATEST\"]\ncontent = {{ text = \"{text}\" }}\n\n[secrets.access]\nworkloads = [{}]\ninstance_tenancies = [\"ocid1.tenancy.oc1..soakinstance\"]\n",
             workloads.join(", ")
         );
     }
@@ -155,17 +183,28 @@ async fn batch(
     start: usize,
     count: usize,
 ) -> (Vec<u64>, usize, Option<String>) {
-    let secrets: String = (1..=options.secrets)
+    let fixed: String = (1..=options.secrets)
         .map(|s| format!("- name: s{s}\n"))
         .collect();
-    let secrets = Arc::new(secrets);
     let permits = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
     let mut tasks = Vec::with_capacity(count);
     for i in start..start + count {
         let permit = permits.clone().acquire_owned().await;
         let mut client = client.clone();
+        let secrets = if options.distinct_secrets == 0 {
+            fixed.clone()
+        } else {
+            (0..options.secrets)
+                .map(|k| {
+                    format!(
+                        "- name: d{}\n",
+                        (i * options.secrets + k) % options.distinct_secrets
+                    )
+                })
+                .collect()
+        };
         let attributes = json!({
-            "secrets": secrets.as_str(),
+            "secrets": secrets,
             "vaultId": "ocid1.vault.oc1.iad.soak",
             "authType": options.auth,
             "secretProviderClass": "soak",
@@ -211,13 +250,12 @@ async fn soak(bin: &Path, options: &Options) -> anyhow::Result<()> {
     let seed_path = dir.join("seed.toml");
     std::fs::write(&seed_path, seed(options))?;
     let emulator = Emulator::start(bin, &seed_path, &dir.join("emulator")).await?;
-    let provider = Provider::start(
-        bin,
-        &emulator.config,
-        &dir,
-        &[("OCI_PROVIDER_LOG__LEVEL", "warn")],
-    )
-    .await?;
+    let ttl = options.ttl.map(|t| t.to_string());
+    let mut env = vec![("OCI_PROVIDER_LOG__LEVEL", "warn")];
+    if let Some(ttl) = &ttl {
+        env.push(("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", ttl.as_str()));
+    }
+    let provider = Provider::start(bin, &emulator.config, &dir, &env).await?;
     let result = measure(&provider, options).await;
     let stopped = provider.stop().await;
     emulator.stop().await;
@@ -239,6 +277,10 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     }
     let before = provider.metrics().await?;
     let requests_before = metric_sum(&before, "oci_provider_upstream_requests_total");
+    let bundle = |text: &str, name: &str| metric_sum(text, &format!("{name}{{kind=\"bundle\"}}"));
+    let fetches_before = bundle(&before, "oci_provider_cache_misses_total");
+    let hits_before = bundle(&before, "oci_provider_cache_hits_total");
+    let joined_before = bundle(&before, "oci_provider_cache_joined_total");
     println!(
         "\n{:>9} {:>9} {:>10} {:>9} {:>8} {:>8} {:>6}",
         "mounts", "rss_kib", "mounts/s", "open_conn", "p50_ms", "p99_ms", "fail"
@@ -310,6 +352,21 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
         metric_sum(&after, "oci_provider_upstream_connections_open"),
         metric_sum(&after, "oci_provider_upstream_connections_opened_total"),
         requests / options.mounts.max(1) as f64,
+    );
+    let per_mount = |n: f64| n / options.mounts.max(1) as f64;
+    println!(
+        "secrets fetched from OCI per mount: {:.3} ({:.3} per secret mounted); cache hits per mount: {:.3}, joined: {:.3}; bundle cache now {} entries, {} bytes, {} evicted for size",
+        per_mount(bundle(&after, "oci_provider_cache_misses_total") - fetches_before),
+        per_mount(bundle(&after, "oci_provider_cache_misses_total") - fetches_before)
+            / options.secrets as f64,
+        per_mount(bundle(&after, "oci_provider_cache_hits_total") - hits_before),
+        per_mount(bundle(&after, "oci_provider_cache_joined_total") - joined_before),
+        bundle(&after, "oci_provider_cache_entries"),
+        bundle(&after, "oci_provider_cache_bytes"),
+        metric_sum(
+            &after,
+            "oci_provider_cache_evictions_total{kind=\"bundle\",cause=\"size\"}"
+        ),
     );
     if let Some(first) = first_failure {
         println!("first failure: {first}");

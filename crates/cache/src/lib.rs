@@ -23,35 +23,7 @@
 //! single flight (and it already retries the waiters of a leader whose future was dropped),
 //! its weigher and eviction listener give the byte bound and the eviction counts.
 //!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! use std::sync::Arc;
-//! use std::time::{Duration, UNIX_EPOCH};
-//! use oci_csi_cache::{Cache, CacheConfig, CacheValue, Lookup, ManualClock, SharedClock};
-//!
-//! #[derive(Clone, Debug)]
-//! struct Token(String);
-//! impl CacheValue for Token {
-//!     fn bytes(&self) -> usize { self.0.len() }
-//! }
-//!
-//! let clock = Arc::new(ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
-//! let cache: Cache<&'static str, Token> = Cache::new(
-//!     CacheConfig { ttl: Some(Duration::from_secs(30)), ..CacheConfig::new("token") },
-//!     clock.clone() as SharedClock,
-//! );
-//! let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-//! let fetch = |_stale: Option<Token>| async { Ok::<_, std::io::Error>(Token("t1".into())) };
-//! let (token, lookup) = cache.get_or_fetch(&"alice", deadline, |_| true, fetch).await.unwrap();
-//! assert_eq!((token.0.as_str(), lookup), ("t1", Lookup::Fetched));
-//! let (_, lookup) = cache.get_or_fetch(&"alice", deadline, |_| true, fetch).await.unwrap();
-//! assert_eq!(lookup, Lookup::Hit);
-//! clock.advance(Duration::from_secs(30));
-//! let (_, lookup) = cache.get_or_fetch(&"alice", deadline, |_| true, fetch).await.unwrap();
-//! assert_eq!(lookup, Lookup::Fetched);
-//! # }
-//! ```
+//! See the README for an example (compiled as a doc test).
 
 mod clock;
 mod layer;
@@ -68,6 +40,11 @@ use moka::ops::compute::Op;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use layer::{CacheKey, CacheLayer, CacheService, Cached};
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 /// What a cache holds: cheap to clone (an `Arc` or a small struct), and able to say how
 /// many bytes of secret material it keeps alive.
