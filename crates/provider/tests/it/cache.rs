@@ -227,6 +227,44 @@ impl Stack {
     }
 }
 
+type Pending = tokio::task::JoinHandle<Result<MountResponse, MountError>>;
+
+impl Stack {
+    /// Establishes `app/a`, lets its bundle expire, holds the Secrets API, and starts one
+    /// mount (the leader, with `timeout`) whose fetch is then held; returns it with the
+    /// Secrets call count before it.
+    async fn held_leader(self: &Arc<Self>, timeout: Duration) -> (Pending, u64) {
+        self.mount(As::Workload("app", "a")).await.unwrap();
+        self.clock.advance(Duration::from_secs(30));
+        let before = self.secrets_calls();
+        self.emu.close_gate(Endpoint::Secrets);
+        let request = self.request(As::Workload("app", "a"), timeout);
+        let leader = tokio::spawn(self.mount.clone().oneshot(request));
+        self.until("the leader's fetch is held", |s| {
+            s.emu.stats().held.get(&Endpoint::Secrets).copied() == Some(1)
+        })
+        .await;
+        (leader, before)
+    }
+
+    /// Starts `n` more mounts of `app/a`.
+    fn followers(self: &Arc<Self>, n: usize) -> Vec<Pending> {
+        (0..n)
+            .map(|_| {
+                let request = self.request(As::Workload("app", "a"), WAIT);
+                tokio::spawn(self.mount.clone().oneshot(request))
+            })
+            .collect()
+    }
+}
+
+async fn all_get_the_secret(mounts: Vec<Pending>) {
+    for mount in mounts {
+        let response = mount.await.unwrap().unwrap();
+        assert_eq!(contents(&response), CONTENT.as_bytes());
+    }
+}
+
 fn contents(response: &MountResponse) -> &[u8] {
     response.files[0].contents.as_bytes()
 }
@@ -234,29 +272,18 @@ fn contents(response: &MountResponse) -> &[u8] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_mounts_of_one_secret_make_one_fetch() {
     let stack = Arc::new(stack(Duration::from_secs(30)).await);
-    // The identity first (its own single flight is auth's test), so that every mount is
-    // waiting on the bundle when the emulator holds the first answer.
-    stack.mount(As::Workload("app", "a")).await.unwrap();
-    stack.clock.advance(Duration::from_secs(30));
-    let before = stack.secrets_calls();
-    stack.emu.close_gate(Endpoint::Secrets);
-    let mut tasks = Vec::new();
-    for _ in 0..1000 {
-        let request = stack.request(As::Workload("app", "a"), WAIT);
-        let mount = stack.mount.clone();
-        tasks.push(tokio::spawn(mount.oneshot(request)));
-    }
+    // The identity is established first (its own single flight is auth's test), so that
+    // every mount waits on the bundle while the emulator holds the first answer.
+    let (leader, before) = stack.held_leader(WAIT).await;
+    let mut mounts = stack.followers(999);
+    mounts.push(leader);
     stack
-        .until("one fetch held, every mount in its flight", |s| {
-            s.emu.stats().held.get(&Endpoint::Secrets).copied() == Some(1)
-                && s.bundles.stats().in_flight == 1000
+        .until("every mount in the flight", |s| {
+            s.bundles.stats().in_flight == 1000
         })
         .await;
     stack.emu.open_gate(Endpoint::Secrets);
-    for task in tasks {
-        let response = task.await.unwrap().unwrap();
-        assert_eq!(contents(&response), CONTENT.as_bytes());
-    }
+    all_get_the_secret(mounts).await;
     assert_eq!(
         stack.secrets_calls() - before,
         1,
@@ -269,27 +296,8 @@ async fn a_thousand_concurrent_mounts_of_one_secret_make_one_fetch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaders_cancellation_does_not_fail_the_others() {
     let stack = Arc::new(stack(Duration::from_secs(30)).await);
-    stack.mount(As::Workload("app", "a")).await.unwrap();
-    stack.clock.advance(Duration::from_secs(30));
-    let before = stack.secrets_calls();
-    stack.emu.close_gate(Endpoint::Secrets);
-    let leader = tokio::spawn(
-        stack
-            .mount
-            .clone()
-            .oneshot(stack.request(As::Workload("app", "a"), WAIT)),
-    );
-    stack
-        .until("the leader's fetch is held", |s| {
-            s.emu.stats().held.get(&Endpoint::Secrets).copied() == Some(1)
-        })
-        .await;
-    let others: Vec<_> = (0..10)
-        .map(|_| {
-            let request = stack.request(As::Workload("app", "a"), WAIT);
-            tokio::spawn(stack.mount.clone().oneshot(request))
-        })
-        .collect();
+    let (leader, before) = stack.held_leader(WAIT).await;
+    let others = stack.followers(10);
     stack
         .until("the others wait on the leader", |s| {
             s.bundles.stats().in_flight == 11
@@ -298,10 +306,7 @@ async fn the_leaders_cancellation_does_not_fail_the_others() {
     // The driver gave up on the leader's call.
     leader.abort();
     stack.emu.open_gate(Endpoint::Secrets);
-    for other in others {
-        let response = other.await.unwrap().unwrap();
-        assert_eq!(contents(&response), CONTENT.as_bytes());
-    }
+    all_get_the_secret(others).await;
     let fetches = stack.secrets_calls() - before;
     assert!(fetches <= 2, "one more fetch at most, made {fetches}");
 }
@@ -309,34 +314,12 @@ async fn the_leaders_cancellation_does_not_fail_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_with_a_shorter_deadline_does_not_pass_it_on() {
     let stack = Arc::new(stack(Duration::from_secs(30)).await);
-    stack.mount(As::Workload("app", "a")).await.unwrap();
-    stack.clock.advance(Duration::from_secs(30));
-    let before = stack.secrets_calls();
-    stack.emu.close_gate(Endpoint::Secrets);
-    let leader = tokio::spawn(
-        stack
-            .mount
-            .clone()
-            .oneshot(stack.request(As::Workload("app", "a"), Duration::from_millis(500))),
-    );
-    stack
-        .until("the leader's fetch is held", |s| {
-            s.emu.stats().held.get(&Endpoint::Secrets).copied() == Some(1)
-        })
-        .await;
-    let others: Vec<_> = (0..10)
-        .map(|_| {
-            let request = stack.request(As::Workload("app", "a"), WAIT);
-            tokio::spawn(stack.mount.clone().oneshot(request))
-        })
-        .collect();
+    let (leader, before) = stack.held_leader(Duration::from_millis(500)).await;
+    let others = stack.followers(10);
     let failed = leader.await.unwrap().unwrap_err();
     assert_eq!(failed.kind(), ErrorKind::DeadlineExceeded, "{failed:?}");
     stack.emu.open_gate(Endpoint::Secrets);
-    for other in others {
-        let response = other.await.unwrap().unwrap();
-        assert_eq!(contents(&response), CONTENT.as_bytes());
-    }
+    all_get_the_secret(others).await;
     let fetches = stack.secrets_calls() - before;
     assert!(fetches <= 2, "one more fetch at most, made {fetches}");
 }
