@@ -801,3 +801,113 @@ async fn repeated_mounts_are_served_from_the_cache_and_logged() {
     );
     assert!(!output.stderr.contains(SECRET_BYTES));
 }
+
+const VAULT_B: &str = "ocid1.vault.oc1.iad.second";
+
+/// The parameters beyond the Go provider's, end to end: `secretId`, an entry's own
+/// `vaultId`, `versionName`, `mode`, `encoding` and a sub-directory `fileName`.
+#[tokio::test]
+async fn the_new_entry_fields_mount_through_the_socket() {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode([0u8, 1, 2, 255]);
+    let mut named = SecretSeed::new("ocid1.vaultsecret.oc1.iad.named", VAULT_B, "named")
+        .version(1, "blue-value", &["PREVIOUS"])
+        .version(2, "green-value", &["CURRENT", "LATEST"])
+        .allow_workload(NAMESPACE, "sa-0");
+    named.versions[0].name = Some("blue".into());
+    let binary = SecretSeed::new("ocid1.vaultsecret.oc1.iad.binary", VAULT_B, "binary")
+        .version(1, encoded, &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let hex = SecretSeed::new("ocid1.vaultsecret.oc1.iad.hex", VAULT_B, "hex")
+        .version(1, "00ff10\n", &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let bad = SecretSeed::new("ocid1.vaultsecret.oc1.iad.bad", VAULT_B, "bad")
+        .version(1, "not*base64*content", &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let seed = seed(1)
+        .vault(VAULT_B)
+        .secret(named)
+        .secret(binary)
+        .secret(hex)
+        .secret(bad);
+    let emu = Emulator::start(seed, Arc::new(SystemClock)).await.unwrap();
+    let provider = provider(&emu, &[], &[NO_CACHE]).await;
+    let mut client = provider.client().await;
+    let secrets = format!(
+        "- secretId: ocid1.vaultsecret.oc1.iad.db\n  mode: \"0400\"\n\
+         - name: named\n  vaultId: {VAULT_B}\n  versionName: blue\n  fileName: colours/blue\n\
+         - name: named\n  vaultId: {VAULT_B}\n  fileName: colours/current\n  mode: \"0640\"\n\
+         - name: binary\n  vaultId: {VAULT_B}\n  encoding: base64\n\
+         - name: hex\n  vaultId: {VAULT_B}\n  encoding: hex\n\
+         - name: db-password\n"
+    );
+    let response = client
+        .mount(request("workload", "sa-0", 1, &secrets))
+        .await
+        .unwrap()
+        .into_inner();
+    let files: Vec<_> = response
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.contents.clone(), f.mode))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("db", SECRET_BYTES.as_bytes().to_vec(), 0o400),
+            ("colours/blue", b"blue-value".to_vec(), 420),
+            ("colours/current", b"green-value".to_vec(), 0o640),
+            ("binary", vec![0, 1, 2, 255], 420),
+            ("hex", vec![0x00, 0xff, 0x10], 420),
+            ("db-password", SECRET_BYTES.as_bytes().to_vec(), 420),
+        ]
+    );
+    let versions: Vec<_> = response
+        .object_version
+        .iter()
+        .map(|v| (v.id.as_str(), v.version.as_str()))
+        .collect();
+    assert_eq!(
+        versions,
+        vec![
+            ("ocid1.vaultsecret.oc1.iad.db/db", "2"),
+            ("ocid1.vaultsecret.oc1.iad.named/colours/blue", "1"),
+            ("ocid1.vaultsecret.oc1.iad.named/colours/current", "2"),
+            ("ocid1.vaultsecret.oc1.iad.binary", "1"),
+            ("ocid1.vaultsecret.oc1.iad.hex", "1"),
+            ("ocid1.vaultsecret.oc1.iad.db/db-password", "2"),
+        ]
+    );
+    // Content that is not what `encoding` says: InvalidArgument naming the entry, never
+    // the content.
+    let status = client
+        .mount(request(
+            "workload",
+            "sa-0",
+            2,
+            &format!("- name: bad\n  vaultId: {VAULT_B}\n  encoding: base64\n"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("secrets[0] \"bad\"") && status.message().contains("base64"),
+        "{status:?}"
+    );
+    assert!(!status.message().contains("not*base64"), "{status:?}");
+    // A YAML-number mode is refused before any call.
+    let before = emu.stats().arrived(Endpoint::Secrets);
+    let status = client
+        .mount(request(
+            "workload",
+            "sa-0",
+            3,
+            "- name: db-password\n  mode: 0400\n",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("secrets[0].mode"), "{status:?}");
+    assert_eq!(emu.stats().arrived(Endpoint::Secrets), before);
+    assert!(provider.terminate().await.status.success());
+}

@@ -12,6 +12,7 @@ mod service;
 
 pub use budget::{ByteBudget, Reservation};
 pub use params::{
-    AuthSpec, DEFAULT_MAX_SECRETS, MountParameters, ParamError, SecretSpec, Stage, VersionSelector,
+    AuthSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters, ParamError, SecretSource, SecretSpec,
+    Stage, VersionSelector,
 };
 pub use service::{BundleResponse, IdentityService, MountConfig, OciMount};

@@ -25,23 +25,77 @@ pub const DEFAULT_MAX_SECRETS: usize = 256;
 pub use vault::Stage;
 
 /// Which version of a secret to fetch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum VersionSelector {
-    /// The version carrying a stage (`CURRENT` when the entry names neither).
+    /// The version carrying a stage (`CURRENT` when the entry names none).
     Stage(Stage),
     /// A version number, greater than 0.
     Number(u64),
+    /// OCI's `secretVersionName`.
+    Name(String),
+}
+
+/// Which secret an entry names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SecretSource {
+    /// `name` in a vault: the entry's `vaultId`, else the class-level one.
+    Name {
+        /// The secret's name, exactly as written (not trimmed, as in Go).
+        name: String,
+        /// The vault OCID.
+        vault_id: String,
+    },
+    /// `secretId`: a secret OCID (GetSecretBundle; no vault needed).
+    Id(String),
+}
+
+impl SecretSource {
+    /// How messages name it: the name, or the OCID.
+    pub fn display(&self) -> &str {
+        match self {
+            SecretSource::Name { name, .. } => name,
+            SecretSource::Id(id) => id,
+        }
+    }
+}
+
+/// How a secret's content is encoded (after OCI's transport Base64 is removed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// Written as it is (binary safe): `utf-8`, the default.
+    #[default]
+    Utf8,
+    /// Base64 (standard alphabet, padding optional), decoded before writing.
+    Base64,
+    /// Hexadecimal, decoded before writing.
+    Hex,
+}
+
+impl Encoding {
+    /// The name users write.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Utf8 => "utf-8",
+            Encoding::Base64 => "base64",
+            Encoding::Hex => "hex",
+        }
+    }
 }
 
 /// One entry of the `secrets` parameter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretSpec {
-    /// The secret's name in the vault, exactly as written (not trimmed, as in Go).
-    pub name: String,
+    /// Which secret.
+    pub source: SecretSource,
     /// Which version.
     pub selector: VersionSelector,
-    /// Where the driver writes it: `fileName` trimmed, else `name` trimmed.
+    /// Where the driver writes it: `fileName` trimmed, else `name` trimmed, else the
+    /// OCID's last segment.
     pub path: FilePath,
+    /// The file's mode (`mode`); `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+    /// How the content is encoded (`encoding`).
+    pub encoding: Encoding,
 }
 
 /// How the provider authenticates to OCI (`authType`).
@@ -63,8 +117,9 @@ pub enum AuthSpec {
 pub struct MountParameters {
     /// The secrets, in request order.
     pub secrets: Vec<SecretSpec>,
-    /// `vaultId`: the vault OCID.
-    pub vault_id: String,
+    /// The class-level `vaultId`, if given (each `name` entry has its vault in its
+    /// [`SecretSource`]).
+    pub vault_id: Option<String>,
     /// `authType` (and `authSecretName`).
     pub auth: AuthSpec,
 }
@@ -127,15 +182,63 @@ impl<'de> Deserialize<'de> for RawVersion {
     }
 }
 
+/// `mode` as written: a string of octal digits; a YAML integer is refused (YAML 1.1 reads
+/// `0400` as octal 256, YAML 1.2 as decimal 400).
+#[derive(Debug)]
+enum RawMode {
+    Text(String),
+    Integer(String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for RawMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quoted octal mode such as \"0400\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawMode, E> {
+                Ok(RawMode::Other)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawMode, E> {
+                Ok(RawMode::Text(v.to_owned()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawMode, E> {
+                Ok(RawMode::Text(String::new()))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSecret {
     name: Option<String>,
+    #[serde(rename = "secretId")]
+    secret_id: Option<String>,
+    #[serde(rename = "vaultId")]
+    vault_id: Option<String>,
     stage: Option<String>,
     #[serde(rename = "versionNumber")]
     version_number: Option<RawVersion>,
+    #[serde(rename = "versionName")]
+    version_name: Option<String>,
     #[serde(rename = "fileName")]
     file_name: Option<String>,
+    mode: Option<RawMode>,
+    encoding: Option<String>,
 }
 
 impl MountParameters {
@@ -155,7 +258,7 @@ impl MountParameters {
         let raw = parse_secrets_yaml(attributes, max_secrets)?;
         let auth = parse_auth(attributes, pod)?;
         let vault_id = parse_vault_id(attributes)?;
-        let secrets = check_secrets(raw)?;
+        let secrets = check_secrets(raw, vault_id.as_deref())?;
         Ok(Self {
             secrets,
             vault_id,
@@ -300,24 +403,41 @@ fn parse_auth(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<AuthSp
     Ok(auth)
 }
 
-fn parse_vault_id(attributes: &BTreeMap<String, String>) -> Result<String, ParamError> {
+/// The class-level `vaultId`, when given; whether it is needed is decided per entry.
+fn parse_vault_id(attributes: &BTreeMap<String, String>) -> Result<Option<String>, ParamError> {
     match attributes.get(VAULT_ID).map(String::as_str) {
-        None | Some("") => Err(ParamError(
-            "missed \"vaultId\" SecretProviderClass parameters: the OCID of the vault that holds \
-             the secrets"
-                .to_owned(),
-        )),
-        Some(id) if id.len() > MAX_OCI_PARAMETER_LEN || id.trim() != id => {
-            Err(ParamError(format!(
-                "parameter \"vaultId\" {id:?} is not a vault OCID (at most {MAX_OCI_PARAMETER_LEN} \
-             characters, no surrounding spaces)"
-            )))
-        }
-        Some(id) => Ok(id.to_owned()),
+        None | Some("") => Ok(None),
+        Some(id) => check_ocid("parameter \"vaultId\"", id, "vault").map(Some),
     }
 }
 
-fn check_secrets(raw: Vec<RawSecret>) -> Result<Vec<SecretSpec>, ParamError> {
+/// An OCID a user wrote: at most 255 characters, no surrounding spaces, and (for secret and
+/// vault OCIDs) of the right type, so a typo is named before any call.
+fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
+    if id.len() > MAX_OCI_PARAMETER_LEN || id.trim() != id || id.is_empty() {
+        return Err(ParamError(format!(
+            "{what} {id:?} is not a {kind} OCID (at most {MAX_OCI_PARAMETER_LEN} characters, no \
+             surrounding spaces)"
+        )));
+    }
+    let prefix = match kind {
+        "secret" => "ocid1.vaultsecret.",
+        _ => "ocid1.vault.",
+    };
+    // The Go provider sent any vaultId as given; only secret OCIDs (new) are held to their
+    // type.
+    if kind == "secret" && !id.starts_with(prefix) {
+        return Err(ParamError(format!(
+            "{what} {id:?} is not a secret OCID: it must start with {prefix}"
+        )));
+    }
+    Ok(id.to_owned())
+}
+
+fn check_secrets(
+    raw: Vec<RawSecret>,
+    class_vault: Option<&str>,
+) -> Result<Vec<SecretSpec>, ParamError> {
     if raw.is_empty() {
         return Err(ParamError(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
@@ -327,7 +447,7 @@ fn check_secrets(raw: Vec<RawSecret>) -> Result<Vec<SecretSpec>, ParamError> {
     // Output path -> (index, whether it came from fileName), for duplicate messages.
     let mut paths: BTreeMap<String, (usize, bool)> = BTreeMap::new();
     for (index, item) in raw.into_iter().enumerate() {
-        let spec = check_secret(index, &item)?;
+        let spec = check_secret(index, &item, class_vault)?;
         let from_file_name = item
             .file_name
             .as_deref()
@@ -356,20 +476,68 @@ fn check_secrets(raw: Vec<RawSecret>) -> Result<Vec<SecretSpec>, ParamError> {
     Ok(specs)
 }
 
-fn check_secret(index: usize, item: &RawSecret) -> Result<SecretSpec, ParamError> {
+fn check_secret(
+    index: usize,
+    item: &RawSecret,
+    class_vault: Option<&str>,
+) -> Result<SecretSpec, ParamError> {
     let name = item.name.clone().unwrap_or_default();
-    if name.trim().is_empty() {
-        return Err(ParamError(format!(
-            "{RETRIEVE_PREFIX}: missed secret name: secrets[{index}].name is empty"
-        )));
-    }
-    if name.len() > MAX_OCI_PARAMETER_LEN {
-        return Err(ParamError(format!(
-            "{RETRIEVE_PREFIX}: secrets[{index}].name is {} characters long; OCI secret names \
-             have at most {MAX_OCI_PARAMETER_LEN}",
-            name.len()
-        )));
-    }
+    let secret_id = item.secret_id.as_deref().unwrap_or_default();
+    let source = match (name.trim().is_empty(), secret_id.is_empty()) {
+        (true, true) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: missed secret name: secrets[{index}].name is empty (or give \
+                 secrets[{index}].secretId, a secret OCID)"
+            )));
+        }
+        (false, false) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}] has both name {name:?} and secretId \
+                 {secret_id:?}: give exactly one"
+            )));
+        }
+        (true, false) => {
+            if let Some(vault) = &item.vault_id {
+                return Err(ParamError(format!(
+                    "{RETRIEVE_PREFIX}: secrets[{index}].vaultId {vault:?} applies to name \
+                     entries only; secretId {secret_id:?} already names the secret"
+                )));
+            }
+            SecretSource::Id(check_ocid(
+                &format!("{RETRIEVE_PREFIX}: secrets[{index}].secretId"),
+                secret_id,
+                "secret",
+            )?)
+        }
+        (false, true) => {
+            if name.len() > MAX_OCI_PARAMETER_LEN {
+                return Err(ParamError(format!(
+                    "{RETRIEVE_PREFIX}: secrets[{index}].name is {} characters long; OCI secret \
+                     names have at most {MAX_OCI_PARAMETER_LEN}",
+                    name.len()
+                )));
+            }
+            let vault_id = match item.vault_id.as_deref().filter(|v| !v.is_empty()) {
+                Some(own) => check_ocid(
+                    &format!("{RETRIEVE_PREFIX}: secrets[{index}].vaultId"),
+                    own,
+                    "vault",
+                )?,
+                None => class_vault.map(str::to_owned).ok_or_else(|| {
+                    ParamError(format!(
+                        "missed \"vaultId\" SecretProviderClass parameters: the OCID of the \
+                         vault that holds the secrets (secrets[{index}] {name:?} has no vaultId \
+                         of its own)"
+                    ))
+                })?,
+            };
+            SecretSource::Name {
+                name: name.clone(),
+                vault_id,
+            }
+        }
+    };
+    let shown = source.display().to_owned();
     let stage = match item.stage.as_deref() {
         None | Some("") => None,
         Some(s) => Some(s.parse::<Stage>().map_err(|_| {
@@ -383,31 +551,102 @@ fn check_secret(index: usize, item: &RawSecret) -> Result<SecretSpec, ParamError
         None => None,
         Some(raw) => parse_version_number(index, raw)?,
     };
-    let selector = match (stage, number) {
-        (Some(stage), Some(number)) => {
+    let version_name = match item.version_name.as_deref() {
+        None | Some("") => None,
+        Some(n) if n.len() > MAX_OCI_PARAMETER_LEN || n.trim() != n => {
             return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secret should be identified either with a version number or \
-                 with stage: secrets[{index}] ({name:?}) has stage {stage} and versionNumber {number}"
+                "{RETRIEVE_PREFIX}: secrets[{index}].versionName {n:?} is not a version name (at \
+                 most {MAX_OCI_PARAMETER_LEN} characters, no surrounding spaces)"
             )));
         }
-        (Some(stage), None) => VersionSelector::Stage(stage),
-        (None, Some(number)) => VersionSelector::Number(number),
-        (None, None) => VersionSelector::Stage(Stage::Current),
+        Some(n) => Some(n.to_owned()),
     };
-    let (source, raw_path) = match item.file_name.as_deref().map(str::trim) {
-        Some(f) if !f.is_empty() => ("fileName", f),
-        _ => ("name", name.trim()),
+    let selector = match (stage, number, version_name) {
+        (None, None, Some(version_name)) => VersionSelector::Name(version_name),
+        (Some(stage), Some(number), _) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secret should be identified either with a version number or \
+                 with stage: secrets[{index}] ({shown:?}) has stage {stage} and versionNumber {number}"
+            )));
+        }
+        (stage, number, Some(version_name)) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}] ({shown:?}) has versionName \
+                 {version_name:?} and also {}: give at most one of stage, versionNumber, \
+                 versionName",
+                stage.map_or_else(
+                    || format!("versionNumber {}", number.unwrap_or_default()),
+                    |s| format!("stage {s}")
+                )
+            )));
+        }
+        (Some(stage), None, None) => VersionSelector::Stage(stage),
+        (None, Some(number), None) => VersionSelector::Number(number),
+        (None, None, None) => VersionSelector::Stage(Stage::Current),
     };
-    let path = FilePath::new(raw_path).map_err(|e| {
+    let (field, raw_path) = match (item.file_name.as_deref().map(str::trim), &source) {
+        (Some(f), _) if !f.is_empty() => ("fileName", f.to_owned()),
+        (_, SecretSource::Name { name, .. }) => ("name", name.trim().to_owned()),
+        (_, SecretSource::Id(id)) => ("secretId", id.rsplit('.').next().unwrap_or(id).to_owned()),
+    };
+    let path = FilePath::new(&raw_path).map_err(|e| {
         ParamError(format!(
-            "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{source}: {e}"
+            "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{field}: {e}"
         ))
     })?;
     Ok(SecretSpec {
-        name,
+        source,
         selector,
         path,
+        mode: parse_mode(index, item.mode.as_ref())?,
+        encoding: parse_encoding(index, item.encoding.as_deref())?,
     })
+}
+
+fn parse_mode(
+    index: usize,
+    raw: Option<&RawMode>,
+) -> Result<Option<csi_grpc::FileMode>, ParamError> {
+    let text = match raw {
+        None => return Ok(None),
+        Some(RawMode::Text(t)) if t.is_empty() => return Ok(None),
+        Some(RawMode::Text(t)) => t,
+        Some(RawMode::Integer(n)) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].mode {n} is a YAML number: quote it, e.g. \
+                 mode: \"0400\" (YAML 1.1 and 1.2 read an unquoted 0400 differently)"
+            )));
+        }
+        Some(RawMode::Other) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].mode must be a quoted octal mode such as \"0400\""
+            )));
+        }
+    };
+    let octal = (3..=4).contains(&text.len()) && text.bytes().all(|b| (b'0'..=b'7').contains(&b));
+    let mode = u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|m| octal && *m <= 0o777);
+    mode.and_then(csi_grpc::FileMode::new).map(Some).ok_or_else(|| {
+        ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].mode {text:?} is not a file mode: 3 or 4 octal \
+             digits, at most 0777 (e.g. \"0400\", \"640\")"
+        ))
+    })
+}
+
+fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamError> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(Encoding::Utf8),
+        Some(e) if e.eq_ignore_ascii_case("utf-8") || e.eq_ignore_ascii_case("utf8") => {
+            Ok(Encoding::Utf8)
+        }
+        Some(e) if e.eq_ignore_ascii_case("base64") => Ok(Encoding::Base64),
+        Some(e) if e.eq_ignore_ascii_case("hex") => Ok(Encoding::Hex),
+        Some(e) => Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].encoding {e:?} is not one of utf-8, base64, hex"
+        ))),
+    }
 }
 
 fn parse_version_number(index: usize, raw: &RawVersion) -> Result<Option<u64>, ParamError> {

@@ -13,7 +13,9 @@ use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
 use crate::budget::{ByteBudget, Reservation};
-use crate::params::{AuthSpec, MountParameters, SecretSpec, VersionSelector};
+use crate::params::{
+    AuthSpec, Encoding, MountParameters, SecretSource, SecretSpec, VersionSelector,
+};
 
 /// What the mount service needs of the identity service: `auth::Principals`, or any
 /// cloneable tower service from an [`auth::IdentityRequest`] to an [`auth::Established`]
@@ -199,9 +201,14 @@ where
                 let request = vault::SecretRequest {
                     base_url: established.secrets_endpoint.clone(),
                     credential: established.credential.clone(),
-                    secret: vault::SecretRef::ByName {
-                        vault_id: params.vault_id.clone(),
-                        name: spec.name.clone(),
+                    secret: match &spec.source {
+                        SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
+                            vault_id: vault_id.clone(),
+                            name: name.clone(),
+                        },
+                        SecretSource::Id(secret_id) => vault::SecretRef::ById {
+                            secret_id: secret_id.clone(),
+                        },
                     },
                     selector: selector(spec),
                     deadline,
@@ -368,9 +375,10 @@ fn too_large(
 }
 
 fn selector(spec: &SecretSpec) -> vault::Selector {
-    match spec.selector {
-        VersionSelector::Number(n) => vault::Selector::VersionNumber(n),
-        VersionSelector::Stage(stage) => vault::Selector::Stage(stage),
+    match &spec.selector {
+        VersionSelector::Number(n) => vault::Selector::VersionNumber(*n),
+        VersionSelector::Stage(stage) => vault::Selector::Stage(*stage),
+        VersionSelector::Name(name) => vault::Selector::VersionName(name.clone()),
     }
 }
 
@@ -465,7 +473,7 @@ fn combine(
     for (index, err) in &failures {
         let cause = format!(
             "secrets[{index}] {:?}: {}",
-            params.secrets[*index].name,
+            params.secrets[*index].source.display(),
             chain(err)
         );
         let separator = if listed == 0 { "" } else { "; " };
@@ -527,7 +535,7 @@ fn assemble(
     }
     let mut object_versions = Vec::with_capacity(bundles.len());
     let mut files = Vec::with_capacity(bundles.len());
-    for (spec, bundle) in params.secrets.iter().zip(bundles) {
+    for (index, (spec, bundle)) in params.secrets.iter().zip(bundles).enumerate() {
         // The driver keys versions by id; one OCID mounted twice (two versions, two
         // files) would collapse, so such ids carry the file path.
         let id = if ids.get(&bundle.secret_id).copied().unwrap_or(0) > 1 {
@@ -539,11 +547,12 @@ fn assemble(
             id,
             version: bundle.version_number.to_string(),
         });
-        // The bytes move from the bundle's zeroizing buffer into the file's; no copy.
-        let mut content = bundle.content.into_inner();
+        // The bytes move from the bundle's zeroizing buffer into the file's; no copy (a
+        // decoded encoding is written to a new buffer, the encoded one wiped).
+        let mut content = decode(index, spec, bundle.content.into_inner())?;
         files.push(File {
             path: spec.path.clone(),
-            mode,
+            mode: spec.mode.unwrap_or(mode),
             contents: FileContents::new(std::mem::take(&mut *content)),
         });
     }
@@ -551,6 +560,70 @@ fn assemble(
         files,
         object_versions,
     })
+}
+
+/// The entry's `encoding` removed. Failures name the entry and the encoding, never the
+/// content.
+fn decode(
+    index: usize,
+    spec: &SecretSpec,
+    content: zeroize::Zeroizing<Vec<u8>>,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, MountError> {
+    use base64::Engine as _;
+    let invalid = |why: &str| {
+        MountError::invalid_argument(format!(
+            "secrets[{index}] {:?}: its content is not valid {} (secrets[{index}].encoding): {why}",
+            spec.source.display(),
+            spec.encoding.as_str()
+        ))
+    };
+    match spec.encoding {
+        Encoding::Utf8 => Ok(content),
+        Encoding::Base64 => {
+            let text: Vec<u8> = content
+                .iter()
+                .copied()
+                .filter(|b| !b.is_ascii_whitespace())
+                .collect();
+            let text = zeroize::Zeroizing::new(text);
+            let engine = base64::engine::GeneralPurpose::new(
+                &base64::alphabet::STANDARD,
+                base64::engine::GeneralPurposeConfig::new()
+                    .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+            );
+            engine
+                .decode(text.as_slice())
+                .map(zeroize::Zeroizing::new)
+                .map_err(|e| match e {
+                    base64::DecodeError::InvalidByte(at, _) => {
+                        invalid(&format!("an invalid character at offset {at}"))
+                    }
+                    base64::DecodeError::InvalidLength(_) => invalid("its length is wrong"),
+                    _ => invalid("it does not end as base64 does"),
+                })
+        }
+        Encoding::Hex => {
+            let digits: zeroize::Zeroizing<Vec<u8>> = zeroize::Zeroizing::new(
+                content
+                    .iter()
+                    .copied()
+                    .filter(|b| !b.is_ascii_whitespace())
+                    .collect(),
+            );
+            if digits.len() % 2 != 0 {
+                return Err(invalid("it has an odd number of digits"));
+            }
+            let value = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+            let mut out = zeroize::Zeroizing::new(Vec::with_capacity(digits.len() / 2));
+            for (at, pair) in digits.chunks_exact(2).enumerate() {
+                match (value(pair[0]), value(pair[1])) {
+                    (Some(high), Some(low)) => out.push(high << 4 | low),
+                    _ => return Err(invalid(&format!("a non-hex digit at pair {at}"))),
+                }
+            }
+            Ok(out)
+        }
+    }
 }
 
 impl<A, V> Service<MountRequest> for OciMount<A, V>

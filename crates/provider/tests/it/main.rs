@@ -6,6 +6,7 @@
 mod cache;
 mod fakes;
 mod fanout;
+mod features;
 mod identity;
 mod memory;
 mod params;

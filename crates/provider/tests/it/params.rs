@@ -41,12 +41,15 @@ fn error(secrets: &str, extra: &[(&str, &str)]) -> MountError {
 fn a_full_parameter_set_parses_to_the_typed_request() {
     let yaml = "- name: secret1\n  stage: PREVIOUS\n- name: secret2\n  versionNumber: 1\n  fileName: src-db-password\n- name: ' spaced '\n- name: quoted\n  versionNumber: \"2\"\n  fileName: '  '\n- name: sub\n  fileName: dir/file\n";
     let params = MountParameters::parse(&attrs(yaml, &[]), &pod()).unwrap();
-    assert_eq!(params.vault_id, "ocid1.vault.oc1.iad.example");
+    assert_eq!(
+        params.vault_id.as_deref(),
+        Some("ocid1.vault.oc1.iad.example")
+    );
     assert_eq!(params.auth, AuthSpec::Workload);
     let got: Vec<_> = params
         .secrets
         .iter()
-        .map(|s| (s.name.as_str(), s.selector, s.path.as_str()))
+        .map(|s| (s.source.display(), s.selector.clone(), s.path.as_str()))
         .collect();
     assert_eq!(
         got,

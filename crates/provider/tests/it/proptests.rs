@@ -219,13 +219,13 @@ proptest! {
         let params = MountParameters::parse(&attributes(&render(&items)), &pod()).unwrap();
         prop_assert_eq!(params.secrets.len(), items.len());
         for (spec, item) in params.secrets.iter().zip(&items) {
-            prop_assert_eq!(&spec.name, &item.name);
+            prop_assert_eq!(spec.source.display(), item.name.as_str());
             let expected = match (item.stage, item.number) {
                 (Some(stage), _) => VersionSelector::Stage(stage),
                 (None, Some((n, _))) => VersionSelector::Number(n),
                 (None, None) => VersionSelector::Stage(Stage::Current),
             };
-            prop_assert_eq!(spec.selector, expected);
+            prop_assert_eq!(&spec.selector, &expected);
             prop_assert_eq!(spec.path.as_str(), item.file_name.as_deref().unwrap_or(&item.name));
         }
     }

@@ -1,0 +1,198 @@
+//! The parameters beyond the Go provider's (`secretId`, per-entry `vaultId`,
+//! `versionName`, `mode`, `encoding`): each parsed, and each invalid form refused with an
+//! error naming `secrets[i].field` and the value, before any network call.
+
+use csi_grpc::{ErrorKind, FileMode, MountError};
+use oci_csi_provider::{Encoding, MountParameters, SecretSource, VersionSelector};
+
+use crate::params::{attrs, pod};
+
+fn parse(secrets: &str, extra: &[(&str, &str)]) -> MountParameters {
+    MountParameters::parse(&attrs(secrets, extra), &pod()).unwrap()
+}
+
+fn refused(secrets: &str, extra: &[(&str, &str)], needles: &[&str]) {
+    let error = MountParameters::parse(&attrs(secrets, extra), &pod())
+        .map_err(MountError::from)
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+    for needle in needles {
+        assert!(
+            error.message().contains(needle),
+            "{needle:?} not in {error:?}"
+        );
+    }
+}
+
+const SECRET_OCID: &str = "ocid1.vaultsecret.oc1.iad.amaaaaaaexample";
+
+#[test]
+fn an_entry_may_name_a_secret_by_ocid_without_any_vault() {
+    let params = parse(
+        &format!(
+            "- secretId: {SECRET_OCID}\n- secretId: {SECRET_OCID}\n  versionNumber: 2\n  fileName: old\n"
+        ),
+        &[("vaultId", "")],
+    );
+    assert_eq!(params.vault_id, None);
+    assert_eq!(
+        params.secrets[0].source,
+        SecretSource::Id(SECRET_OCID.into())
+    );
+    // The file is named after the OCID's last segment unless fileName says.
+    assert_eq!(params.secrets[0].path.as_str(), "amaaaaaaexample");
+    assert_eq!(params.secrets[1].path.as_str(), "old");
+}
+
+#[test]
+fn secret_ids_and_names_are_exclusive_and_checked() {
+    refused(
+        &format!("- name: db\n  secretId: {SECRET_OCID}\n"),
+        &[],
+        &["secrets[0]", "both name \"db\" and secretId", SECRET_OCID],
+    );
+    refused(
+        "- secretId: ocid1.vault.oc1..notasecret\n",
+        &[],
+        &[
+            "secrets[0].secretId",
+            "ocid1.vault.oc1..notasecret",
+            "ocid1.vaultsecret.",
+        ],
+    );
+    refused(
+        &format!("- secretId: {SECRET_OCID}\n  vaultId: ocid1.vault.oc1..v\n"),
+        &[],
+        &["secrets[0].vaultId", "applies to name entries only"],
+    );
+    refused(
+        "- fileName: x\n",
+        &[],
+        &["secrets[0].name is empty", "secretId"],
+    );
+}
+
+#[test]
+fn an_entry_vault_overrides_the_class_vault_which_is_then_optional() {
+    let params = parse(
+        "- name: a\n  vaultId: ocid1.vault.oc1..one\n- name: b\n",
+        &[],
+    );
+    let vaults: Vec<_> = params
+        .secrets
+        .iter()
+        .map(|s| match &s.source {
+            SecretSource::Name { vault_id, .. } => vault_id.as_str(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        vaults,
+        ["ocid1.vault.oc1..one", "ocid1.vault.oc1.iad.example"]
+    );
+    parse(
+        "- name: a\n  vaultId: ocid1.vault.oc1..one\n",
+        &[("vaultId", "")],
+    );
+    refused(
+        "- name: a\n  vaultId: ocid1.vault.oc1..one\n- name: b\n",
+        &[("vaultId", "")],
+        &["missed \"vaultId\"", "secrets[1] \"b\" has no vaultId"],
+    );
+    refused(
+        "- name: a\n  vaultId: ' ocid1.vault.oc1..one'\n",
+        &[],
+        &["secrets[0].vaultId", "no surrounding spaces"],
+    );
+}
+
+#[test]
+fn version_names_are_one_of_three_selectors() {
+    let params = parse("- name: a\n  versionName: blue\n", &[]);
+    assert_eq!(
+        params.secrets[0].selector,
+        VersionSelector::Name("blue".into())
+    );
+    refused(
+        "- name: a\n  versionName: blue\n  stage: CURRENT\n",
+        &[],
+        &[
+            "secrets[0]",
+            "versionName \"blue\"",
+            "stage CURRENT",
+            "at most one of",
+        ],
+    );
+    refused(
+        "- name: a\n  versionName: blue\n  versionNumber: 3\n",
+        &[],
+        &["versionNumber 3"],
+    );
+}
+
+#[test]
+fn modes_are_quoted_octal_strings() {
+    let params = parse(
+        "- name: a\n  mode: \"0400\"\n- name: b\n  mode: '640'\n- name: c\n",
+        &[],
+    );
+    let modes: Vec<_> = params
+        .secrets
+        .iter()
+        .map(|s| s.mode.map(FileMode::get))
+        .collect();
+    assert_eq!(modes, [Some(0o400), Some(0o640), None]);
+    refused(
+        "- name: a\n  mode: 0400\n",
+        &[],
+        &["secrets[0].mode", "is a YAML number: quote it", "\"0400\""],
+    );
+    for bad in ["\"0800\"", "\"1777\"", "\"40\"", "\"00400\"", "\"rw\""] {
+        refused(
+            &format!("- name: a\n  mode: {bad}\n"),
+            &[],
+            &["secrets[0].mode", "3 or 4 octal digits, at most 0777"],
+        );
+    }
+}
+
+#[test]
+fn encodings_are_named() {
+    let params = parse(
+        "- name: a\n  encoding: base64\n- name: b\n  encoding: HEX\n- name: c\n  encoding: utf-8\n",
+        &[],
+    );
+    let encodings: Vec<_> = params.secrets.iter().map(|s| s.encoding).collect();
+    assert_eq!(encodings, [Encoding::Base64, Encoding::Hex, Encoding::Utf8]);
+    refused(
+        "- name: a\n  encoding: rot13\n",
+        &[],
+        &["secrets[0].encoding \"rot13\"", "utf-8, base64, hex"],
+    );
+}
+
+#[test]
+fn sub_directories_follow_the_drivers_path_rules() {
+    let params = parse("- name: a\n  fileName: db/password\n", &[]);
+    assert_eq!(params.secrets[0].path.as_str(), "db/password");
+    refused(
+        "- name: a\n  fileName: ../x\n",
+        &[],
+        &["secrets[0].fileName"],
+    );
+    refused(
+        "- name: a\n  fileName: /etc/x\n",
+        &[],
+        &["secrets[0].fileName"],
+    );
+    refused(
+        "- name: a\n  fileName: a//b\n",
+        &[],
+        &["secrets[0].fileName"],
+    );
+    refused(
+        "- name: a\n  fileName: db\n- name: b\n  fileName: db/password\n",
+        &[],
+        &["db"],
+    );
+}
