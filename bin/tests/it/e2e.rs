@@ -911,3 +911,86 @@ async fn the_new_entry_fields_mount_through_the_socket() {
     assert_eq!(emu.stats().arrived(Endpoint::Secrets), before);
     assert!(provider.terminate().await.status.success());
 }
+
+/// `keys` through the socket: JSON and YAML content, top-level keys and pointers, the
+/// whole secret only with its own `fileName`, and errors that never quote content.
+#[tokio::test]
+async fn keys_extract_files_from_json_and_yaml_secrets() {
+    let json = SecretSeed::new("ocid1.vaultsecret.oc1.iad.json", VAULT, "app-json")
+        .version(
+            1,
+            r#"{"user":"admin","db":{"password":"s3cr3t-pw","port":5432},"a.b":"dotted"}"#,
+            &["CURRENT"],
+        )
+        .allow_workload(NAMESPACE, "sa-0");
+    let yaml = SecretSeed::new("ocid1.vaultsecret.oc1.iad.yaml", VAULT, "app-yaml")
+        .version(1, "token: yaml-token\nlist: [1, 2]\n", &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let broken = SecretSeed::new("ocid1.vaultsecret.oc1.iad.broken", VAULT, "broken")
+        .version(1, "{\"pw\": \"leaked-if-quoted\"", &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let emu = Emulator::start(
+        seed(1).secret(json).secret(yaml).secret(broken),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    let secrets = "- name: app-json\n  keys:\n  - key: user\n  - key: /db/password\n    fileName: db/password\n    mode: \"0400\"\n  - key: /db/port\n  - key: a.b\n\
+                   - name: app-yaml\n  fileName: app.yaml\n  keys:\n  - key: token\n  - key: list\n";
+    let response = client
+        .mount(request("workload", "sa-0", 1, secrets))
+        .await
+        .unwrap()
+        .into_inner();
+    let files: Vec<_> = response
+        .files
+        .iter()
+        .map(|f| {
+            (
+                f.path.as_str(),
+                String::from_utf8_lossy(&f.contents).into_owned(),
+                f.mode,
+            )
+        })
+        .collect();
+    let owned = |p: &str, c: &str, m: i32| (p.to_owned(), c.to_owned(), m);
+    assert_eq!(
+        files
+            .iter()
+            .map(|(p, c, m)| (p.to_string(), c.clone(), *m))
+            .collect::<Vec<_>>(),
+        vec![
+            owned("user", "admin", 420),
+            owned("db/password", "s3cr3t-pw", 0o400),
+            owned("port", "5432", 420),
+            owned("a.b", "dotted", 420),
+            owned("token", "yaml-token", 420),
+            owned("list", "[1,2]", 420),
+            owned("app.yaml", "token: yaml-token\nlist: [1, 2]\n", 420),
+        ]
+    );
+    assert_eq!(response.object_version.len(), 2);
+    for (secrets, needle) in [
+        (
+            "- name: app-json\n  keys:\n  - key: nope\n",
+            "has no key \"nope\"",
+        ),
+        ("- name: broken\n  keys:\n  - key: pw\n", "neither JSON"),
+        (
+            "- name: broken\n  format: json\n  keys:\n  - key: pw\n",
+            "JSON unexpected end at line 1",
+        ),
+    ] {
+        let status = client
+            .mount(request("workload", "sa-0", 2, secrets))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{status:?}");
+        assert!(!status.message().contains("leaked-if-quoted"), "{status:?}");
+        assert!(!status.message().contains("s3cr3t"), "{status:?}");
+    }
+    assert!(provider.terminate().await.status.success());
+}

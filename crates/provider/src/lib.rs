@@ -7,10 +7,12 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
+mod extract;
 mod params;
 mod service;
 
 pub use budget::{ByteBudget, Reservation};
+pub use extract::{Format, KeySpec};
 pub use params::{
     AuthSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters, ParamError, SecretSource, SecretSpec,
     Stage, VersionSelector,

@@ -2,6 +2,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use csi_grpc::{FilePath, MountError, Pod, validate_file_set};
+
+use crate::extract::{Format, KeySpec};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -96,6 +98,23 @@ pub struct SecretSpec {
     pub mode: Option<csi_grpc::FileMode>,
     /// How the content is encoded (`encoding`).
     pub encoding: Encoding,
+    /// Files made from keys of the (JSON or YAML) content (`keys`).
+    pub keys: Vec<KeySpec>,
+    /// The parser for `keys` (`format`); `None`: JSON, then YAML.
+    pub format: Option<Format>,
+    /// Whether the whole secret is written to `path`: always without `keys`, and with
+    /// them only when the entry sets its own `fileName`.
+    pub whole: bool,
+}
+
+impl SecretSpec {
+    /// Every file this entry writes.
+    pub fn files(&self) -> impl Iterator<Item = &FilePath> {
+        self.whole
+            .then_some(&self.path)
+            .into_iter()
+            .chain(self.keys.iter().map(|k| &k.path))
+    }
 }
 
 /// How the provider authenticates to OCI (`authType`).
@@ -239,6 +258,17 @@ struct RawSecret {
     file_name: Option<String>,
     mode: Option<RawMode>,
     encoding: Option<String>,
+    keys: Option<Vec<RawKey>>,
+    format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    key: Option<String>,
+    #[serde(rename = "fileName")]
+    file_name: Option<String>,
+    mode: Option<RawMode>,
 }
 
 impl MountParameters {
@@ -452,6 +482,19 @@ fn check_secrets(
             .file_name
             .as_deref()
             .is_some_and(|f| !f.trim().is_empty());
+        for (k, key) in spec.keys.iter().enumerate() {
+            if let Some((first, _)) = paths.insert(key.path.as_str().to_owned(), (index, true)) {
+                return Err(ParamError(format!(
+                    "{RETRIEVE_PREFIX}: duplicated fileName name: {}: secrets[{first}] and \
+                     secrets[{index}].keys[{k}] would both be written to file {:?}",
+                    key.path, key.path
+                )));
+            }
+        }
+        if !spec.whole {
+            specs.push(spec);
+            continue;
+        }
         if let Some((first, _)) =
             paths.insert(spec.path.as_str().to_owned(), (index, from_file_name))
         {
@@ -468,7 +511,7 @@ fn check_secrets(
         }
         specs.push(spec);
     }
-    validate_file_set(specs.iter().map(|s| &s.path)).map_err(|e| {
+    validate_file_set(specs.iter().flat_map(SecretSpec::files)).map_err(|e| {
         ParamError(format!(
             "{RETRIEVE_PREFIX}: invalid file name in parameter \"secrets\": {e}"
         ))
@@ -594,12 +637,75 @@ fn check_secret(
             "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{field}: {e}"
         ))
     })?;
+    let format = match item.format.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(f) if f.eq_ignore_ascii_case("json") => Some(Format::Json),
+        Some(f) if f.eq_ignore_ascii_case("yaml") => Some(Format::Yaml),
+        Some(f) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].format {f:?} is not one of json, yaml"
+            )));
+        }
+    };
+    let keys = match &item.keys {
+        None => Vec::new(),
+        Some(keys) if keys.is_empty() => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].keys is an empty list: name at least one key, \
+                 or leave keys out to write the whole secret"
+            )));
+        }
+        Some(keys) => keys
+            .iter()
+            .enumerate()
+            .map(|(k, raw)| check_key(index, k, raw))
+            .collect::<Result<_, _>>()?,
+    };
+    if format.is_some() && keys.is_empty() {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].format applies with keys only"
+        )));
+    }
+    let whole = keys.is_empty() || field == "fileName";
     Ok(SecretSpec {
         source,
         selector,
         path,
         mode: parse_mode(index, item.mode.as_ref())?,
         encoding: parse_encoding(index, item.encoding.as_deref())?,
+        keys,
+        format,
+        whole,
+    })
+}
+
+fn check_key(index: usize, k: usize, raw: &RawKey) -> Result<KeySpec, ParamError> {
+    let key = raw.key.as_deref().unwrap_or_default();
+    if key.is_empty() || key.len() > 1024 {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].keys[{k}].key must be a top-level key or a JSON \
+             Pointer starting with / (1 to 1024 characters)"
+        )));
+    }
+    let (field, name) = match raw.file_name.as_deref().map(str::trim) {
+        Some(f) if !f.is_empty() => ("fileName", f.to_owned()),
+        _ => ("key", KeySpec::default_file_name(key)),
+    };
+    let path = FilePath::new(&name).map_err(|e| {
+        ParamError(format!(
+            "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].keys[{k}].{field} {name:?}: {e}"
+        ))
+    })?;
+    let mode = parse_mode(index, raw.mode.as_ref()).map_err(|e| {
+        ParamError(e.0.replace(
+            &format!("secrets[{index}].mode"),
+            &format!("secrets[{index}].keys[{k}].mode"),
+        ))
+    })?;
+    Ok(KeySpec {
+        key: key.to_owned(),
+        path,
+        mode,
     })
 }
 

@@ -550,16 +550,66 @@ fn assemble(
         // The bytes move from the bundle's zeroizing buffer into the file's; no copy (a
         // decoded encoding is written to a new buffer, the encoded one wiped).
         let mut content = decode(index, spec, bundle.content.into_inner())?;
-        files.push(File {
-            path: spec.path.clone(),
-            mode: spec.mode.unwrap_or(mode),
-            contents: FileContents::new(std::mem::take(&mut *content)),
-        });
+        let entry_mode = spec.mode.unwrap_or(mode);
+        if !spec.keys.is_empty() {
+            extract_keys(index, spec, &content, entry_mode, &mut files)?;
+        }
+        if spec.whole {
+            files.push(File {
+                path: spec.path.clone(),
+                mode: entry_mode,
+                contents: FileContents::new(std::mem::take(&mut *content)),
+            });
+        }
+    }
+    // Extracted values count against the same bound as whole secrets.
+    let written: usize = files.iter().map(|f| f.contents.len()).sum();
+    if written > max_total_bytes {
+        return Err(MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the files of this mount take {written} bytes with the extracted keys, more \
+                 than the {max_total_bytes} bytes the driver accepts in one response"
+            ),
+        ));
     }
     Ok(MountResponse {
         files,
         object_versions,
     })
+}
+
+/// The files of an entry's `keys`. Errors name the secret and the key, and for content that
+/// does not parse only the position and kind.
+fn extract_keys(
+    index: usize,
+    spec: &SecretSpec,
+    content: &[u8],
+    mode: csi_grpc::FileMode,
+    files: &mut Vec<File>,
+) -> Result<(), MountError> {
+    use crate::extract::{ExtractError, parse, value_of};
+    let secret = spec.source.display();
+    let document = parse(content, spec.format).map_err(|e| match e {
+        ExtractError::Parse(why) => MountError::invalid_argument(format!(
+            "secrets[{index}] {secret:?}: its content cannot be read for keys: {why}"
+        )),
+        ExtractError::Missing => MountError::internal("internal error: a parse without a key"),
+    })?;
+    for (k, key) in spec.keys.iter().enumerate() {
+        let value = value_of(&document, &key.key).map_err(|_| {
+            MountError::invalid_argument(format!(
+                "secrets[{index}] {secret:?} has no key {:?} (secrets[{index}].keys[{k}].key)",
+                key.key
+            ))
+        })?;
+        files.push(File {
+            path: key.path.clone(),
+            mode: key.mode.unwrap_or(mode),
+            contents: FileContents::new(value),
+        });
+    }
+    Ok(())
 }
 
 /// The entry's `encoding` removed. Failures name the entry and the encoding, never the
@@ -610,7 +660,7 @@ fn decode(
                     .filter(|b| !b.is_ascii_whitespace())
                     .collect(),
             );
-            if digits.len() % 2 != 0 {
+            if !digits.len().is_multiple_of(2) {
                 return Err(invalid("it has an odd number of digits"));
             }
             let value = |b: u8| (b as char).to_digit(16).map(|d| d as u8);

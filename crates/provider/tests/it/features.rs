@@ -196,3 +196,81 @@ fn sub_directories_follow_the_drivers_path_rules() {
         &["db"],
     );
 }
+
+#[test]
+fn keys_name_files_and_the_whole_secret_only_with_its_own_file_name() {
+    let params = parse(
+        "- name: cfg\n  keys:\n  - key: user\n  - key: /db/pass~1word\n  - key: a.b\n    fileName: sub/ab\n    mode: \"0400\"\n\
+         - name: both\n  fileName: both.json\n  format: json\n  keys:\n  - key: x\n",
+        &[],
+    );
+    let cfg = &params.secrets[0];
+    assert!(!cfg.whole, "keys without fileName: no whole file");
+    let files: Vec<_> = cfg
+        .keys
+        .iter()
+        .map(|k| (k.key.as_str(), k.path.as_str(), k.mode.map(FileMode::get)))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("user", "user", None),
+            ("/db/pass~1word", "pass/word", None),
+            ("a.b", "sub/ab", Some(0o400))
+        ]
+    );
+    let both = &params.secrets[1];
+    assert!(both.whole);
+    assert_eq!(both.format, Some(oci_csi_provider::Format::Json));
+    let all: Vec<_> = params
+        .secrets
+        .iter()
+        .flat_map(|s| s.files())
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(all, ["user", "pass/word", "sub/ab", "both.json", "x"]);
+}
+
+#[test]
+fn invalid_keys_are_named() {
+    refused(
+        "- name: a\n  keys: []\n",
+        &[],
+        &["secrets[0].keys is an empty list"],
+    );
+    refused(
+        "- name: a\n  keys:\n  - fileName: f\n",
+        &[],
+        &["secrets[0].keys[0].key"],
+    );
+    refused(
+        "- name: a\n  keys:\n  - key: /x/..\n",
+        &[],
+        &["secrets[0].keys[0].key", "\"..\""],
+    );
+    refused(
+        "- name: a\n  keys:\n  - key: k\n    mode: 0400\n",
+        &[],
+        &["secrets[0].keys[0].mode", "quote it"],
+    );
+    refused(
+        "- name: a\n  format: toml\n  keys:\n  - key: k\n",
+        &[],
+        &["secrets[0].format \"toml\""],
+    );
+    refused(
+        "- name: a\n  format: json\n",
+        &[],
+        &["secrets[0].format applies with keys only"],
+    );
+    refused(
+        "- name: a\n  keys:\n  - key: k\n- name: b\n  keys:\n  - key: k\n",
+        &[],
+        &["secrets[0] and secrets[1].keys[0]", "\"k\""],
+    );
+    refused(
+        "- name: a\n  keys:\n  - key: k\n    fileName: a\n- name: a\n",
+        &[],
+        &["\"a\""],
+    );
+}
