@@ -1,6 +1,7 @@
 //! The DaemonSet binary's wiring: configuration, logging, the gRPC socket, health and
 //! metrics servers, signals. No business logic lives here.
 
+mod check;
 mod config;
 mod endpoints;
 mod flags;
@@ -28,6 +29,9 @@ pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
 
 /// Runs the binary with `args` (program name first) and the process environment as a map.
 pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
+    if args.get(1).map(String::as_str) == Some("check") {
+        return check::main(&args[1..], &mut std::io::stdin(), &mut std::io::stdout());
+    }
     let flags = match Flags::parse_from_args(&args) {
         Ok(flags) => flags,
         Err(err) => {

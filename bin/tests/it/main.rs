@@ -2,6 +2,7 @@
 // Test helpers are shared between modules of this one test binary; they are not an API.
 #![allow(unreachable_pub, missing_debug_implementations)]
 
+mod check;
 mod e2e;
 mod process;
 

@@ -1,0 +1,309 @@
+//! `oci-secrets-store-csi-driver-provider check FILE...`: validates SecretProviderClass
+//! manifests offline with the code a Mount runs (`provider::MountParameters::parse`), and
+//! prints the files each would mount, or every error found.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use provider::{MountParameters, SecretSource, SecretSpec, VersionSelector};
+use serde_json::{Value, json};
+
+/// Validate SecretProviderClass manifests offline (no network access).
+#[derive(Debug, Parser)]
+#[command(name = "oci-secrets-store-csi-driver-provider check")]
+struct CheckArgs {
+    /// SecretProviderClass YAML files (one or many documents, or a `kind: List`); `-` reads
+    /// standard input.
+    #[arg(required = true)]
+    files: Vec<String>,
+    /// The pod namespace to validate with (default: each object's metadata.namespace).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// The pod's service account, for `authType: workload` classes.
+    #[arg(long, default_value = "default")]
+    service_account: String,
+    /// `text` or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+}
+
+/// One SecretProviderClass checked.
+struct Report {
+    source: String,
+    name: String,
+    namespace: String,
+    files: Vec<Value>,
+    errors: Vec<String>,
+}
+
+/// Runs `check` (`args` starts with `check`); exit 0 when every class is valid, 1 when any
+/// is not, 2 on usage errors.
+pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -> ExitCode {
+    let args = match CheckArgs::try_parse_from(args) {
+        Ok(args) => args,
+        Err(err) => {
+            let code = if err.use_stderr() { 2 } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let mut reports = Vec::new();
+    for file in &args.files {
+        let text = if file == "-" {
+            let mut text = String::new();
+            stdin.read_to_string(&mut text).map(|_| text)
+        } else {
+            std::fs::read_to_string(file)
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(err) => {
+                eprintln!("cannot read {file}: {err}");
+                return ExitCode::from(2);
+            }
+        };
+        reports.extend(check_text(file, &text, &args));
+    }
+    let valid = reports.iter().all(|r| r.errors.is_empty());
+    let written = if args.output == "json" {
+        let all: Vec<Value> = reports
+            .iter()
+            .map(|r| {
+                json!({
+                    "source": r.source,
+                    "name": r.name,
+                    "namespace": r.namespace,
+                    "valid": r.errors.is_empty(),
+                    "files": r.files,
+                    "errors": r.errors,
+                })
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&all).unwrap_or_default()
+        )
+    } else {
+        write_text(out, &reports)
+    };
+    if written.is_err() {
+        return ExitCode::from(2);
+    }
+    if valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
+    for r in reports {
+        if r.errors.is_empty() {
+            writeln!(
+                out,
+                "{}: {}/{}: valid, {} files",
+                r.source,
+                r.namespace,
+                r.name,
+                r.files.len()
+            )?;
+            for f in &r.files {
+                let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
+                let mode = f["mode"]
+                    .as_str()
+                    .map_or_else(|| "(the driver's permission)".to_owned(), str::to_owned);
+                let mut line = format!("  {}  {mode}  {}", text("path"), text("source"));
+                for (k, label) in [("vault", "vault"), ("selector", ""), ("key", "key")] {
+                    let v = text(k);
+                    if !v.is_empty() {
+                        line.push_str(&if label.is_empty() {
+                            format!(", {v}")
+                        } else {
+                            format!(", {label} {v}")
+                        });
+                    }
+                }
+                writeln!(out, "{line}")?;
+            }
+        } else {
+            writeln!(
+                out,
+                "{}: {}/{}: {} error{}",
+                r.source,
+                r.namespace,
+                r.name,
+                r.errors.len(),
+                if r.errors.len() == 1 { "" } else { "s" }
+            )?;
+            for e in &r.errors {
+                writeln!(out, "  {e}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_text(source: &str, text: &str, args: &CheckArgs) -> Vec<Report> {
+    let report = |name: &str, namespace: &str, error: String| Report {
+        source: source.to_owned(),
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        files: Vec::new(),
+        errors: vec![error],
+    };
+    let documents: Vec<Value> = match serde_saphyr::from_multiple::<Value>(text) {
+        Ok(docs) => docs,
+        Err(err) => {
+            let at = err
+                .location()
+                .map(|l| format!(" at line {}, column {}", l.line(), l.column()))
+                .unwrap_or_default();
+            return vec![report("-", "-", format!("not YAML{at}"))];
+        }
+    };
+    let mut objects = Vec::new();
+    for doc in documents {
+        match doc.get("kind").and_then(Value::as_str) {
+            Some("List") | Some("SecretProviderClassList") => {
+                objects.extend(
+                    doc.get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            _ if doc.is_null() => {}
+            _ => objects.push(doc),
+        }
+    }
+    objects
+        .iter()
+        .map(|object| check_object(source, object, args))
+        .collect()
+}
+
+fn check_object(source: &str, object: &Value, args: &CheckArgs) -> Report {
+    let metadata = &object["metadata"];
+    let name = metadata["name"].as_str().unwrap_or("(no name)").to_owned();
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| metadata["namespace"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "default".to_owned());
+    let mut r = Report {
+        source: source.to_owned(),
+        name,
+        namespace: namespace.clone(),
+        files: Vec::new(),
+        errors: Vec::new(),
+    };
+    if object["kind"].as_str() != Some("SecretProviderClass") {
+        r.errors.push(format!(
+            "kind {:?} is not SecretProviderClass",
+            object["kind"].as_str().unwrap_or("")
+        ));
+        return r;
+    }
+    if object["spec"]["provider"].as_str() != Some("oci") {
+        r.errors.push(format!(
+            "spec.provider {:?} is not oci",
+            object["spec"]["provider"].as_str().unwrap_or("")
+        ));
+    }
+    let mut attributes = std::collections::BTreeMap::new();
+    match object["spec"]["parameters"].as_object() {
+        Some(parameters) => {
+            for (key, value) in parameters {
+                match value.as_str() {
+                    Some(v) => {
+                        attributes.insert(key.clone(), v.to_owned());
+                    }
+                    None => r.errors.push(format!(
+                        "spec.parameters.{key} is not a string (Kubernetes refuses it)"
+                    )),
+                }
+            }
+        }
+        None => r.errors.push("spec.parameters is missing".to_owned()),
+    }
+    let pod = csi_grpc::Pod {
+        namespace: Some(namespace),
+        name: Some("check".to_owned()),
+        uid: Some("00000000-0000-0000-0000-000000000000".to_owned()),
+        service_account: Some(args.service_account.clone()),
+    };
+    // The class as Mount parses it (first error), then each entry alone, so that every
+    // entry's error is reported, not only the first.
+    match MountParameters::parse(&attributes, &pod) {
+        Ok(params) => r.files = params.secrets.iter().flat_map(describe).collect(),
+        Err(err) => r.errors.push(err.to_string()),
+    }
+    if let Some(entries) = attributes
+        .get("secrets")
+        .and_then(|yaml| serde_saphyr::from_str::<Vec<Value>>(yaml).ok())
+        && entries.len() > 1
+    {
+        for (index, entry) in entries.iter().enumerate() {
+            let mut one = attributes.clone();
+            let Ok(yaml) = serde_json::to_string(&[entry]) else {
+                continue;
+            };
+            one.insert("secrets".to_owned(), yaml);
+            if let Err(err) = MountParameters::parse(&one, &pod) {
+                let message = err
+                    .to_string()
+                    .replace("secrets[0]", &format!("secrets[{index}]"));
+                if !r.errors.contains(&message) {
+                    r.errors.push(message);
+                }
+            }
+        }
+    }
+    if !r.errors.is_empty() {
+        r.files.clear();
+    }
+    r
+}
+
+/// The files one entry writes, as `check` prints them.
+fn describe(spec: &SecretSpec) -> Vec<Value> {
+    let (source, vault) = match &spec.source {
+        SecretSource::Name { name, vault_id } => (format!("secret {name:?}"), vault_id.clone()),
+        SecretSource::Id(id) => (format!("secret {id}"), String::new()),
+    };
+    let selector = match &spec.selector {
+        VersionSelector::Stage(stage) => format!("stage {stage}"),
+        VersionSelector::Number(n) => format!("version {n}"),
+        VersionSelector::Name(n) => format!("version name {n:?}"),
+    };
+    // `null` in JSON: the driver's `permission` (0644 unless the CSI volume says).
+    let mode = |m: Option<csi_grpc::FileMode>| match m {
+        Some(m) => Value::String(format!("{:04o}", m.get())),
+        None => Value::Null,
+    };
+    let file = |path: &str, mode: Value, key: &str| {
+        json!({
+            "path": path,
+            "mode": mode,
+            "source": source,
+            "vault": vault,
+            "selector": selector,
+            "key": key,
+            "encoding": spec.encoding.as_str(),
+        })
+    };
+    let mut files = Vec::new();
+    for key in &spec.keys {
+        files.push(file(
+            key.path.as_str(),
+            mode(key.mode.or(spec.mode)),
+            &key.key,
+        ));
+    }
+    if spec.whole {
+        files.push(file(spec.path.as_str(), mode(spec.mode), ""));
+    }
+    files
+}

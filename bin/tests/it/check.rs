@@ -1,0 +1,98 @@
+//! `check`: golden outputs (text and JSON), standard input, exit codes.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/check")
+}
+
+fn check(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oci-secrets-store-csi-driver-provider"))
+        .arg("check")
+        .args(args)
+        .current_dir(fixtures())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn golden(name: &str) -> String {
+    std::fs::read_to_string(fixtures().join(name)).unwrap()
+}
+
+#[test]
+fn valid_classes_print_the_files_they_would_mount() {
+    let (code, out, _) = check(&["good.yaml"], None);
+    assert_eq!(code, 0);
+    assert_eq!(out, golden("good.txt"));
+}
+
+#[test]
+fn every_error_of_every_class_is_printed_and_the_exit_code_is_1() {
+    let (code, out, _) = check(&["bad.yaml"], None);
+    assert_eq!(code, 1);
+    assert_eq!(out, golden("bad.txt"));
+    // Not only the first error of a class: one per broken entry.
+    assert!(
+        out.contains("secrets[0].mode")
+            && out.contains("secrets[1].stage")
+            && out.contains("secrets[2].secretId")
+    );
+}
+
+#[test]
+fn json_output_for_machines() {
+    let (code, out, _) = check(&["--output", "json", "good.yaml", "bad.yaml"], None);
+    assert_eq!(code, 1);
+    assert_eq!(out, golden("all.json"));
+    let parsed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let valid: Vec<bool> = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["valid"].as_bool().unwrap())
+        .collect();
+    assert_eq!(valid, [true, true, false, false]);
+}
+
+#[test]
+fn standard_input_and_the_namespace_override() {
+    let (code, out, _) = check(&["-", "--namespace", "prod"], Some(&golden("good.yaml")));
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        golden("good.txt").replace("good.yaml: app/", "-: prod/")
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(check(&[], None).0, 2);
+    assert_eq!(check(&["--output", "xml", "good.yaml"], None).0, 2);
+    let (code, _, err) = check(&["missing.yaml"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read missing.yaml"), "{err}");
+    // Not YAML at all is a finding (1), not a usage error.
+    let (code, out, _) = check(&["-"], Some("key: [unclosed\n"));
+    assert_eq!(code, 1);
+    assert!(out.contains("not YAML at line"), "{out}");
+}
