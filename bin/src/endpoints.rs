@@ -21,6 +21,9 @@ const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount
 pub struct Endpoints {
     /// OCI Secrets API base URL (default `https://secrets.vaults.<region>.oci.<domain>`).
     pub secrets: Option<HttpsUrl>,
+    /// Secrets API base URLs by region id (`us-ashburn-1`), before `secrets`: a private
+    /// endpoint per region, or tests pointing a primary and a failover region somewhere.
+    pub secrets_by_region: std::collections::BTreeMap<String, HttpsUrl>,
     /// OCI x509 federation base URL for the instance principal (default
     /// `https://auth.<region>.<domain>`; `OCI_SDK_AUTH_CLIENT_REGION_URL`).
     pub federation: Option<HttpsUrl>,
@@ -59,6 +62,7 @@ impl Default for Endpoints {
     fn default() -> Self {
         Self {
             secrets: None,
+            secrets_by_region: std::collections::BTreeMap::new(),
             federation: None,
             instance_metadata: MetadataUrl(DEFAULT_INSTANCE_METADATA.to_owned()),
             proxymux: None,

@@ -129,6 +129,13 @@ impl Collector for BudgetCollector {
 pub(crate) struct CacheSources {
     pub(crate) bundles: cache::Cache<vault::BundleKey, vault::SecretBundle>,
     pub(crate) principals: auth::Principals,
+    /// Which region served each entry.
+    pub(crate) served: std::sync::Arc<provider::RegionStats>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegionLabel {
+    region: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -185,6 +192,21 @@ impl Collector for CacheSources {
                     ConstCounter::new(n)
                         .encode(family.encode_family(&EvictionLabel { kind, cause })?)?;
                 }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "secrets_served",
+                "Secrets mounted, by the region that served them (primary or failover)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (region, n) in [
+                ("primary", &self.served.primary),
+                ("failover", &self.served.failover),
+            ] {
+                ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed))
+                    .encode(family.encode_family(&RegionLabel { region })?)?;
             }
         }
         let gauges: [(&str, &str, CacheCounter); 3] = [

@@ -32,6 +32,23 @@ pub(crate) struct Stack {
     pub(crate) metrics: Arc<Metrics>,
 }
 
+/// The SecretProviderClasses' `region` and `failoverRegion`, resolved as the principals
+/// resolve theirs (known regions only; `[endpoints] secrets_by_region` first).
+#[derive(Debug)]
+struct PrincipalRegions(Principals);
+
+impl provider::RegionResolver for PrincipalRegions {
+    fn resolve(&self, region: &str) -> Result<provider::ResolvedRegion, String> {
+        let (resolved, secrets_endpoint) =
+            self.0.secrets_region(region).map_err(|e| e.to_string())?;
+        Ok(provider::ResolvedRegion {
+            region: resolved.id().to_owned(),
+            realm: resolved.domain().map(str::to_owned),
+            secrets_endpoint,
+        })
+    }
+}
+
 fn bundle_cache_config(c: &CacheConfig) -> cache::CacheConfig {
     cache::CacheConfig {
         ttl: Some(Duration::from_secs(c.bundle_ttl_seconds)),
@@ -91,6 +108,11 @@ impl From<&Config> for PrincipalsConfig {
             region_metadata: e.region_metadata.clone(),
             default_realm: e.default_realm.clone(),
             secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
+            secrets_endpoints_by_region: e
+                .secrets_by_region
+                .iter()
+                .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
+                .collect(),
             federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
             instance_metadata: e.instance_metadata.as_str().to_owned(),
             proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
@@ -198,6 +220,7 @@ pub(crate) fn build(
     // 5. The mount service: identity, then the fetches, under the process's byte budget.
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let principals_for_metrics = principals.clone();
+    let served = Arc::new(provider::RegionStats::default());
     let mount = OciMount::new(
         principals,
         vault,
@@ -206,6 +229,8 @@ pub(crate) fn build(
             max_secrets: config.server.max_secrets_per_mount,
             budget: Some(budget.clone()),
             fetch_reserve_bytes: u.max_bundle_bytes,
+            regions: Some(Arc::new(PrincipalRegions(principals_for_metrics.clone()))),
+            served: served.clone(),
             ..MountConfig::default()
         },
     );
@@ -214,6 +239,7 @@ pub(crate) fn build(
     let caches = crate::metrics::CacheSources {
         bundles,
         principals: principals_for_metrics,
+        served,
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),

@@ -994,3 +994,206 @@ async fn keys_extract_files_from_json_and_yaml_secrets() {
     }
     assert!(provider.terminate().await.status.success());
 }
+
+const VAULT_REPLICA: &str = "ocid1.vault.oc1.phx.replica";
+
+/// A mount request naming `region` and `failoverRegion` (and the replica vault).
+fn failover_request(
+    pod: usize,
+    secrets: &str,
+    extra: &[(&str, &str)],
+) -> tonic::Request<MountRequest> {
+    let mut request = request("workload", "sa-0", pod, secrets);
+    let mut attributes: serde_json::Value = serde_json::from_str(&request.attributes).unwrap();
+    attributes["region"] = json!("us-phoenix-1");
+    attributes["failoverRegion"] = json!("us-ashburn-1");
+    attributes["failoverVaultId"] = json!(VAULT_REPLICA);
+    for (k, v) in extra {
+        attributes[*k] = json!(v);
+    }
+    request.attributes = attributes.to_string();
+    let mut request = tonic::Request::new(request);
+    request.set_timeout(Duration::from_secs(6));
+    request
+}
+
+/// `region`, `failoverRegion` and `failoverVaultId` through the socket: the primary region
+/// down, answering 503s, or stalling → served by the failover region (by OCID, or by name
+/// from the replica vault); a 404 or 401 of the primary → that error, no failover call.
+#[tokio::test]
+async fn a_failing_primary_region_fails_over_and_a_refusal_does_not() {
+    let replica = SecretSeed::new("ocid1.vaultsecret.oc1.iad.db", VAULT_REPLICA, "db-password")
+        .version(2, "replica-value", &["CURRENT"])
+        .allow_workload(NAMESPACE, "sa-0");
+    let emu = Emulator::start(
+        seed(1).vault(VAULT_REPLICA).secret(replica),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    let secrets_port = emu.addr(Endpoint::Secrets).port();
+    // Nothing listens on `dead`: connections to it are refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config_with = |primary: u16| {
+        let path = emu
+            .files()
+            .provider_config
+            .with_file_name(format!("failover-{primary}.toml"));
+        let text = std::fs::read_to_string(&emu.files().provider_config).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "{text}\n[endpoints.secrets_by_region]\n\"us-phoenix-1\" = \"https://127.0.0.1:{primary}\"\n\"us-ashburn-1\" = \"https://localhost:{secrets_port}\"\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let two =
+        "- name: db-password\n- secretId: ocid1.vaultsecret.oc1.iad.key\n  fileName: key.bin\n";
+
+    // 1. The primary region is down.
+    let config = config_with(dead);
+    let provider = Provider::start(&["--config", config.to_str().unwrap()], &[NO_CACHE]).await;
+    let mut client = provider.client().await;
+    let response = client
+        .mount(failover_request(1, two, &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.files[0].contents, b"replica-value",
+        "by name from the replica vault"
+    );
+    assert_eq!(
+        response.files[1].contents,
+        vec![0u8, 159, 146, 150, 255],
+        "by OCID"
+    );
+    assert_eq!(
+        response.object_version[0].id,
+        "ocid1.vaultsecret.oc1.iad.db"
+    );
+    let metrics = provider.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_secrets_served_total{region=\"failover\"}"
+        ),
+        2.0
+    );
+    assert!(provider.terminate().await.status.success());
+
+    // 2. to 5.: the primary is the emulator too (another host name for one listener).
+    let config = config_with(secrets_port);
+    // Two attempts per region, so the retries of a 503 fit the primary's half deadline.
+    let provider = Provider::start(
+        &["--config", config.to_str().unwrap()],
+        &[NO_CACHE, ("OCI_PROVIDER_UPSTREAM__MAX_ATTEMPTS", "2")],
+    )
+    .await;
+    let mut client = provider.client().await;
+    let one = "- name: db-password\n";
+    let arrived = || emu.stats().arrived(Endpoint::Secrets);
+    // Healthy primary: served there.
+    let response = client
+        .mount(failover_request(2, one, &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.files[0].contents, SECRET_BYTES.as_bytes());
+    // 503 on every attempt of the primary (2), then the failover answers.
+    let before = arrived();
+    emu.script(
+        Endpoint::Secrets,
+        std::iter::repeat_n(Fault::Status(503), 2),
+    );
+    let response = client
+        .mount(failover_request(3, one, &[]))
+        .await
+        .unwrap_or_else(|s| {
+            let st = emu.stats();
+            panic!(
+                "{} arrived, {:?} responses: {s:?}",
+                arrived() - before,
+                st.responses.get(&Endpoint::Secrets)
+            )
+        })
+        .into_inner();
+    assert_eq!(response.files[0].contents, b"replica-value");
+    assert_eq!(arrived() - before, 3);
+    // A stall: the primary has half of the deadline, then the failover answers.
+    emu.script(Endpoint::Secrets, [Fault::StallBeforeHeaders]);
+    let started = std::time::Instant::now();
+    let response = client
+        .mount(failover_request(4, one, &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.files[0].contents, b"replica-value");
+    assert!(
+        started.elapsed() >= Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    emu.release_stalls();
+    // 404 of the primary: NotFound, no failover call.
+    let before = arrived();
+    let status = client
+        .mount(failover_request(5, "- name: nope\n", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(arrived() - before, 1);
+    // 401 (after the signing layer's one retry with a fresh token): no failover call.
+    let before = arrived();
+    emu.script(Endpoint::Secrets, [Fault::Status(401), Fault::Status(401)]);
+    let status = client
+        .mount(failover_request(6, one, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert_eq!(arrived() - before, 2);
+    let metrics = provider.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_secrets_served_total{region=\"failover\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_secrets_served_total{region=\"primary\"}"
+        ),
+        1.0
+    );
+
+    // Invalid regions are refused before any call.
+    let before = arrived();
+    for (extra, needle) in [
+        (
+            vec![("failoverRegion", "us-langley-1")],
+            "a failover stays in one realm",
+        ),
+        (
+            vec![("region", "xx-nowhere-9")],
+            "parameter \"region\" \"xx-nowhere-9\"",
+        ),
+        (vec![("region", "secrets.example.com")], "never a host"),
+    ] {
+        let status = client
+            .mount(failover_request(7, one, &extra))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{needle}: {status:?}");
+    }
+    assert_eq!(arrived(), before);
+    assert!(provider.terminate().await.status.success());
+}

@@ -17,4 +17,7 @@ pub use params::{
     AuthSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters, ParamError, SecretSource, SecretSpec,
     Stage, VersionSelector,
 };
-pub use service::{BundleResponse, IdentityService, MountConfig, OciMount};
+pub use service::{
+    BundleResponse, IdentityService, MountConfig, OciMount, RegionResolver, RegionStats,
+    ResolvedRegion,
+};

@@ -11,6 +11,9 @@ const SECRETS: &str = "secrets";
 const AUTH_TYPE: &str = "authType";
 const AUTH_SECRET_NAME: &str = "authSecretName";
 const VAULT_ID: &str = "vaultId";
+const REGION: &str = "region";
+const FAILOVER_REGION: &str = "failoverRegion";
+const FAILOVER_VAULT_ID: &str = "failoverVaultId";
 
 /// Longest secret name and vault OCID the Secrets API accepts (spec 2.2).
 const MAX_OCI_PARAMETER_LEN: usize = 255;
@@ -105,6 +108,9 @@ pub struct SecretSpec {
     /// Whether the whole secret is written to `path`: always without `keys`, and with
     /// them only when the entry sets its own `fileName`.
     pub whole: bool,
+    /// Where this entry is read in the failover region: the same OCID, or the name in the
+    /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
+    pub failover: Option<SecretSource>,
 }
 
 impl SecretSpec {
@@ -141,6 +147,11 @@ pub struct MountParameters {
     pub vault_id: Option<String>,
     /// `authType` (and `authSecretName`).
     pub auth: AuthSpec,
+    /// `region`: read from this region instead of the principal's.
+    pub region: Option<String>,
+    /// `failoverRegion`: where an entry is read when the primary region fails with a
+    /// connection error, 5xx, 429 after retries or a timeout.
+    pub failover_region: Option<String>,
 }
 
 /// A parameter the driver sent that cannot be used. Always `InvalidArgument`: retrying the
@@ -260,6 +271,8 @@ struct RawSecret {
     encoding: Option<String>,
     keys: Option<Vec<RawKey>>,
     format: Option<String>,
+    #[serde(rename = "failoverVaultId")]
+    failover_vault_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,11 +301,33 @@ impl MountParameters {
         let raw = parse_secrets_yaml(attributes, max_secrets)?;
         let auth = parse_auth(attributes, pod)?;
         let vault_id = parse_vault_id(attributes)?;
-        let secrets = check_secrets(raw, vault_id.as_deref())?;
+        let region = parse_region(attributes, REGION)?;
+        let failover_region = parse_region(attributes, FAILOVER_REGION)?;
+        let failover_vault = match attributes.get(FAILOVER_VAULT_ID).map(String::as_str) {
+            None | Some("") => None,
+            Some(id) => Some(check_ocid("parameter \"failoverVaultId\"", id, "vault")?),
+        };
+        if failover_vault.is_some() && failover_region.is_none() {
+            return Err(ParamError(
+                "parameter \"failoverVaultId\" needs \"failoverRegion\", the region of that vault"
+                    .to_owned(),
+            ));
+        }
+        if let (Some(primary), Some(failover)) = (&region, &failover_region)
+            && primary == failover
+        {
+            return Err(ParamError(format!(
+                "parameter \"failoverRegion\" {failover:?} is the primary region: name another"
+            )));
+        }
+        let failover = failover_region.as_ref().map(|_| failover_vault.as_deref());
+        let secrets = check_secrets(raw, vault_id.as_deref(), failover)?;
         Ok(Self {
             secrets,
             vault_id,
             auth,
+            region,
+            failover_region,
         })
     }
 }
@@ -433,6 +468,28 @@ fn parse_auth(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<AuthSp
     Ok(auth)
 }
 
+/// A region parameter as written: a region id or short code (`us-ashburn-1`, `iad`), never
+/// a host or URL; whether the provider knows it is checked when the mount resolves it.
+fn parse_region(
+    attributes: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<String>, ParamError> {
+    match attributes.get(key).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(r)
+            if r.len() <= 64
+                && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && auth::region::validate(r).is_ok() =>
+        {
+            Ok(Some(r.to_ascii_lowercase()))
+        }
+        Some(r) => Err(ParamError(format!(
+            "parameter {key:?} {r:?} is not a region id or short code (e.g. us-ashburn-1 or iad): \
+             letters, digits and hyphens only, never a host"
+        ))),
+    }
+}
+
 /// The class-level `vaultId`, when given; whether it is needed is decided per entry.
 fn parse_vault_id(attributes: &BTreeMap<String, String>) -> Result<Option<String>, ParamError> {
     match attributes.get(VAULT_ID).map(String::as_str) {
@@ -464,9 +521,11 @@ fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
     Ok(id.to_owned())
 }
 
+/// `failover`: `None` without `failoverRegion`, else the class-level `failoverVaultId`.
 fn check_secrets(
     raw: Vec<RawSecret>,
     class_vault: Option<&str>,
+    failover: Option<Option<&str>>,
 ) -> Result<Vec<SecretSpec>, ParamError> {
     if raw.is_empty() {
         return Err(ParamError(format!(
@@ -477,7 +536,7 @@ fn check_secrets(
     // Output path -> (index, whether it came from fileName), for duplicate messages.
     let mut paths: BTreeMap<String, (usize, bool)> = BTreeMap::new();
     for (index, item) in raw.into_iter().enumerate() {
-        let spec = check_secret(index, &item, class_vault)?;
+        let spec = check_secret(index, &item, class_vault, failover)?;
         let from_file_name = item
             .file_name
             .as_deref()
@@ -523,6 +582,7 @@ fn check_secret(
     index: usize,
     item: &RawSecret,
     class_vault: Option<&str>,
+    failover: Option<Option<&str>>,
 ) -> Result<SecretSpec, ParamError> {
     let name = item.name.clone().unwrap_or_default();
     let secret_id = item.secret_id.as_deref().unwrap_or_default();
@@ -667,7 +727,49 @@ fn check_secret(
         )));
     }
     let whole = keys.is_empty() || field == "fileName";
+    let own_failover_vault = match item.failover_vault_id.as_deref() {
+        None | Some("") => None,
+        Some(id) => Some(check_ocid(
+            &format!("{RETRIEVE_PREFIX}: secrets[{index}].failoverVaultId"),
+            id,
+            "vault",
+        )?),
+    };
+    let failover = match (failover, &source) {
+        (None, _) if own_failover_vault.is_some() => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].failoverVaultId needs the class parameter \
+                 \"failoverRegion\""
+            )));
+        }
+        (None, _) => None,
+        (Some(_), SecretSource::Id(id)) => {
+            if own_failover_vault.is_some() {
+                return Err(ParamError(format!(
+                    "{RETRIEVE_PREFIX}: secrets[{index}].failoverVaultId applies to name entries \
+                     only; a secretId is the same in its replica"
+                )));
+            }
+            Some(SecretSource::Id(id.clone()))
+        }
+        (Some(class_failover), SecretSource::Name { name, .. }) => {
+            let vault_id = own_failover_vault
+                .or_else(|| class_failover.map(str::to_owned))
+                .ok_or_else(|| {
+                    ParamError(format!(
+                        "{RETRIEVE_PREFIX}: secrets[{index}] {name:?} is read by name, so with \
+                         \"failoverRegion\" it needs the replica vault: set \"failoverVaultId\" \
+                         (or secrets[{index}].failoverVaultId)"
+                    ))
+                })?;
+            Some(SecretSource::Name {
+                name: name.clone(),
+                vault_id,
+            })
+        }
+    };
     Ok(SecretSpec {
+        failover,
         source,
         selector,
         path,

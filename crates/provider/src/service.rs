@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use csi_grpc::{
@@ -84,6 +85,10 @@ pub struct MountConfig {
     /// What each fetch reserves from the budget before it starts: the Secrets client's
     /// body limit (bodies are buffered whole).
     pub fetch_reserve_bytes: usize,
+    /// Resolves `region` / `failoverRegion`; `None`: those parameters are refused.
+    pub regions: Option<Arc<dyn RegionResolver>>,
+    /// Counts which region served each entry.
+    pub served: Arc<RegionStats>,
 }
 
 impl Default for MountConfig {
@@ -94,6 +99,8 @@ impl Default for MountConfig {
             max_secrets: crate::params::DEFAULT_MAX_SECRETS,
             budget: None,
             fetch_reserve_bytes: 256 * 1024,
+            regions: None,
+            served: Arc::new(RegionStats::default()),
         }
     }
 }
@@ -172,9 +179,10 @@ where
             .oneshot(identity_request)
             .await
             .map_err(auth_error)?;
+        let targets = self.targets(&params, &established)?;
         // The reservations are held until the answer is assembled and handed on.
         let (bundles, _reservations) = self
-            .fetch_all(&params, &established, request.deadline)
+            .fetch_all(&params, &established, &targets, request.deadline)
             .await?;
         assemble(
             &params,
@@ -184,10 +192,59 @@ where
         )
     }
 
+    /// The primary region's Secrets endpoint (`region`, else the principal's) and the
+    /// failover region's, which must be in the same realm.
+    fn targets(
+        &self,
+        params: &MountParameters,
+        established: &auth::Established,
+    ) -> Result<Targets, MountError> {
+        let resolve = |key: &str, region: &str| {
+            let resolver = self.config.regions.as_ref().ok_or_else(|| {
+                MountError::invalid_argument(format!(
+                    "parameter {key:?} {region:?} cannot be used: this provider resolves no regions"
+                ))
+            })?;
+            resolver.resolve(region).map_err(|why| {
+                MountError::invalid_argument(format!("parameter {key:?} {region:?}: {why}"))
+            })
+        };
+        let (primary, realm) = match &params.region {
+            Some(region) => {
+                let r = resolve("region", region)?;
+                (r.secrets_endpoint, r.realm)
+            }
+            None => (
+                established.secrets_endpoint.clone(),
+                established
+                    .region
+                    .as_ref()
+                    .and_then(|r| r.domain().map(str::to_owned)),
+            ),
+        };
+        let failover = match &params.failover_region {
+            None => None,
+            Some(region) => {
+                let target = resolve("failoverRegion", region)?;
+                if let (Some(primary), Some(failover)) = (&realm, &target.realm)
+                    && primary != failover
+                {
+                    return Err(MountError::invalid_argument(format!(
+                        "parameter \"failoverRegion\" {region:?} is in realm {failover}, the \
+                         primary region in realm {primary}: a failover stays in one realm"
+                    )));
+                }
+                Some(target)
+            }
+        };
+        Ok(Targets { primary, failover })
+    }
+
     async fn fetch_all(
         &self,
         params: &MountParameters,
         established: &auth::Established,
+        targets: &Targets,
         deadline: tokio::time::Instant,
     ) -> Result<(Vec<vault::SecretBundle>, Vec<Reservation>), MountError> {
         let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
@@ -198,21 +255,38 @@ where
             .iter()
             .enumerate()
             .map(|(index, spec)| {
-                let request = vault::SecretRequest {
-                    base_url: established.secrets_endpoint.clone(),
-                    credential: established.credential.clone(),
-                    secret: match &spec.source {
-                        SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
-                            vault_id: vault_id.clone(),
-                            name: name.clone(),
+                let request = |base_url: &str, source: &SecretSource, deadline| {
+                    vault::SecretRequest {
+                        base_url: base_url.to_owned(),
+                        credential: established.credential.clone(),
+                        secret: match source {
+                            SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
+                                vault_id: vault_id.clone(),
+                                name: name.clone(),
+                            },
+                            SecretSource::Id(secret_id) => vault::SecretRef::ById {
+                                secret_id: secret_id.clone(),
+                            },
                         },
-                        SecretSource::Id(secret_id) => vault::SecretRef::ById {
-                            secret_id: secret_id.clone(),
-                        },
-                    },
-                    selector: selector(spec),
-                    deadline,
+                        selector: selector(spec),
+                        deadline,
+                    }
                 };
+                // With a failover region, the primary gets half of the time left, so the
+                // failover has time to answer.
+                let failover = targets.failover.as_ref().zip(spec.failover.as_ref()).map(
+                    |(target, source)| (target.clone(), request(&target.secrets_endpoint, source, deadline)),
+                );
+                let primary_deadline = match failover {
+                    Some(_) => {
+                        let now = tokio::time::Instant::now();
+                        now + deadline.saturating_duration_since(now) / 2
+                    }
+                    None => deadline,
+                };
+                let request = request(&targets.primary, &spec.source, primary_deadline);
+                let stats = self.config.served.clone();
+                let path = spec.path.clone();
                 let vault = self.vault.clone();
                 let permits = permits.clone();
                 let budget = budget.clone();
@@ -225,7 +299,32 @@ where
                         },
                         None => None,
                     };
-                    match vault.oneshot(request).await {
+                    let answer = match vault.clone().oneshot(request).await {
+                        Err(err) if failover.is_some() && fails_over(&err) => {
+                            let Some((target, again)) = failover else {
+                                return (index, Fetched::Failed(err));
+                            };
+                            tracing::warn!(
+                                secret = %path,
+                                region = %target.region,
+                                error = %chain(&err),
+                                "the primary region failed; reading the failover region"
+                            );
+                            let answer = vault.oneshot(again).await;
+                            if answer.is_ok() {
+                                stats.failover.fetch_add(1, Ordering::Relaxed);
+                                tracing::info!(secret = %path, region = %target.region, "served by the failover region");
+                            }
+                            answer
+                        }
+                        answer => {
+                            if answer.is_ok() {
+                                stats.primary.fetch_add(1, Ordering::Relaxed);
+                            }
+                            answer
+                        }
+                    };
+                    match answer {
                         Ok(answer) => {
                             let (bundle, lookup) = answer.into_parts();
                             if let Some(r) = &mut reservation {
@@ -329,6 +428,52 @@ fn log_shared(
         served_without_oci = %entries.join(", "),
         "secrets served from the provider's cache (OCI's audit log does not see these reads)"
     );
+}
+
+/// Where a mount's Secrets calls go.
+struct Targets {
+    /// The primary region's Secrets base URL.
+    primary: String,
+    /// The failover region, if the class names one.
+    failover: Option<ResolvedRegion>,
+}
+
+/// Whether a failure of the primary region sends the entry to the failover region: a
+/// connection error, 5xx, 429 after retries, a timeout; never 400, 401, 403 or 404.
+fn fails_over(err: &vault::VaultError) -> bool {
+    matches!(
+        err.kind(),
+        auth::ErrorKind::Unavailable
+            | auth::ErrorKind::ResourceExhausted
+            | auth::ErrorKind::DeadlineExceeded
+    )
+}
+
+/// A region a SecretProviderClass names, resolved by the provider's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedRegion {
+    /// The region id.
+    pub region: String,
+    /// The realm's second-level domain, when known.
+    pub realm: Option<String>,
+    /// Its Secrets base URL.
+    pub secrets_endpoint: String,
+}
+
+/// Resolves the `region` and `failoverRegion` of SecretProviderClasses: only regions the
+/// provider knows, never a host (the binary answers from `auth::Principals`).
+pub trait RegionResolver: Send + Sync + fmt::Debug {
+    /// The region, or why it cannot be used (no secret material in it).
+    fn resolve(&self, region: &str) -> Result<ResolvedRegion, String>;
+}
+
+/// Entries served by the primary and by the failover region, since start.
+#[derive(Debug, Default)]
+pub struct RegionStats {
+    /// Served by the primary region.
+    pub primary: std::sync::atomic::AtomicU64,
+    /// Served by the failover region.
+    pub failover: std::sync::atomic::AtomicU64,
 }
 
 /// What one fetch gave.

@@ -60,6 +60,7 @@ pub(super) async fn establish(
     let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
     let session = session(inner, deadline).await?;
     Ok(super::Established {
+        region: Some(region.clone()),
         credential: session.credential,
         secrets_endpoint,
     })

@@ -58,6 +58,9 @@ pub struct PrincipalsConfig {
     pub default_realm: Option<String>,
     /// Secrets API base URL for every principal, instead of the region's.
     pub secrets_endpoint: Option<String>,
+    /// Secrets API base URLs by region id, before `secrets_endpoint` (tests point two
+    /// regions at the emulator; a private endpoint per region).
+    pub secrets_endpoints_by_region: BTreeMap<String, String>,
     /// Federation base URL (`OCI_SDK_AUTH_CLIENT_REGION_URL`; `https://` assumed).
     pub federation_endpoint: Option<String>,
     /// Instance metadata base URL, e.g. `http://169.254.169.254/opc/v2`.
@@ -97,6 +100,7 @@ impl Default for PrincipalsConfig {
             regions_config_file: None,
             default_realm: None,
             secrets_endpoint: None,
+            secrets_endpoints_by_region: BTreeMap::new(),
             federation_endpoint: None,
             instance_metadata: DEFAULT_INSTANCE_METADATA.to_owned(),
             proxymux: None,
@@ -224,6 +228,8 @@ pub struct Established {
     /// extensions of every request of this mount, and anything fetched with it is cached
     /// under it.
     pub credential: Credential,
+    /// The principal's region, when known (its realm bounds where a failover may go).
+    pub region: Option<Region>,
     /// Secrets API base URL, without a trailing slash.
     pub secrets_endpoint: String,
 }
@@ -322,6 +328,14 @@ impl Principals {
         ]
     }
 
+    /// A region a SecretProviderClass names (a region id or short code the provider knows,
+    /// never a host) and its Secrets base URL.
+    pub fn secrets_region(&self, region: &str) -> Result<(Region, String), AuthError> {
+        let region = self.inner.regions.resolve_known(region)?;
+        let endpoint = self.inner.secrets_endpoint(Some(&region))?;
+        Ok((region, endpoint))
+    }
+
     /// User principals' private keys loaded (decrypted) so far; a failed load answered
     /// from memory is not counted.
     pub fn key_loads(&self) -> u64 {
@@ -411,6 +425,10 @@ impl Inner {
 
     /// The Secrets base URL for a principal whose region is `region`.
     fn secrets_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
+        if let Some(url) = region.and_then(|r| self.config.secrets_endpoints_by_region.get(r.id()))
+        {
+            return Ok(url.trim_end_matches('/').to_owned());
+        }
         if let Some(url) = &self.config.secrets_endpoint {
             return Ok(url.trim_end_matches('/').to_owned());
         }

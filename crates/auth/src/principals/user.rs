@@ -90,6 +90,7 @@ pub(super) async fn establish(
     }
     let loaded = cached_or_load(inner, namespace, secret_name, request.deadline).await?;
     Ok(super::Established {
+        region: Some(loaded.region.clone()),
         credential: loaded.credential.clone(),
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
     })

@@ -170,6 +170,7 @@ pub(super) async fn establish(
         )
         .await?;
     Ok(super::Established {
+        region: inner.region.clone(),
         credential: session.credential.clone(),
         secrets_endpoint,
     })

@@ -30,6 +30,7 @@ impl tower::Service<auth::IdentityRequest> for Auth {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             Ok(auth::Established {
+                region: None,
                 credential: auth::Credential::Workload {
                     namespace: request.namespace.clone().unwrap_or_default(),
                     service_account: request.service_account.clone().unwrap_or_default(),

@@ -33,6 +33,7 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
     };
     let identity = credential.identity();
     answer.send_response(auth::Established {
+        region: None,
         credential: credential.clone(),
         secrets_endpoint: "https://secrets.mock".into(),
     });
