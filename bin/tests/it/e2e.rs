@@ -1197,3 +1197,56 @@ async fn a_failing_primary_region_fails_over_and_a_refusal_does_not() {
     assert_eq!(arrived(), before);
     assert!(provider.terminate().await.status.success());
 }
+
+/// The Go provider's parameter example (spec 6.3) mounts exactly as before: the same files,
+/// modes and object versions, with every new feature present in the binary.
+#[tokio::test]
+async fn the_go_providers_parameter_example_mounts_as_before() {
+    let secret1 = SecretSeed::new("ocid1.vaultsecret.oc1.iad.secret1", VAULT, "secret1")
+        .version(1, "one-previous", &["PREVIOUS"])
+        .version(2, "one-current", &["CURRENT", "LATEST"])
+        .allow_instance_tenancy(TENANCY);
+    let secret2 = SecretSeed::new("ocid1.vaultsecret.oc1.iad.secret2", VAULT, "secret2")
+        .version(1, "two-first", &["PREVIOUS"])
+        .version(2, "two-current", &["CURRENT"])
+        .allow_instance_tenancy(TENANCY);
+    let emu = Emulator::start(
+        seed(1).secret(secret1).secret(secret2),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    let secrets = "- name: secret1\n  stage: PREVIOUS\n- name: secret2\n  versionNumber: 1\n  fileName: src-db-password\n";
+    let response = client
+        .mount(request("instance", "sa-0", 1, secrets))
+        .await
+        .unwrap()
+        .into_inner();
+    let files: Vec<_> = response
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.contents.as_slice(), f.mode))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("secret1", b"one-previous".as_slice(), 420),
+            ("src-db-password", b"two-first".as_slice(), 420)
+        ]
+    );
+    let versions: Vec<_> = response
+        .object_version
+        .iter()
+        .map(|v| (v.id.as_str(), v.version.as_str()))
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            ("ocid1.vaultsecret.oc1.iad.secret1", "1"),
+            ("ocid1.vaultsecret.oc1.iad.secret2", "1")
+        ]
+    );
+    assert!(provider.terminate().await.status.success());
+}

@@ -274,3 +274,77 @@ fn invalid_keys_are_named() {
         &["\"a\""],
     );
 }
+
+#[test]
+fn regions_are_ids_or_short_codes_never_hosts() {
+    let params = parse(
+        "- name: a\n- secretId: ocid1.vaultsecret.oc1.iad.x\n",
+        &[
+            ("region", "IAD"),
+            ("failoverRegion", "us-phoenix-1"),
+            ("failoverVaultId", "ocid1.vault.oc1.phx.r"),
+        ],
+    );
+    assert_eq!(params.region.as_deref(), Some("iad"));
+    assert_eq!(params.failover_region.as_deref(), Some("us-phoenix-1"));
+    assert_eq!(
+        params.secrets[0].failover,
+        Some(SecretSource::Name {
+            name: "a".into(),
+            vault_id: "ocid1.vault.oc1.phx.r".into()
+        })
+    );
+    assert_eq!(
+        params.secrets[1].failover,
+        Some(SecretSource::Id("ocid1.vaultsecret.oc1.iad.x".into()))
+    );
+    assert_eq!(parse("- name: a\n", &[]).secrets[0].failover, None);
+    for bad in [
+        "secrets.example.com",
+        "https://x",
+        "us ashburn",
+        "10.0.0.1:443",
+    ] {
+        refused(
+            "- name: a\n",
+            &[("region", bad)],
+            &["parameter \"region\"", "never a host"],
+        );
+    }
+    refused(
+        "- name: a\n",
+        &[("failoverRegion", "us-phoenix-1")],
+        &["secrets[0] \"a\" is read by name", "failoverVaultId"],
+    );
+    refused(
+        "- name: a\n",
+        &[("failoverVaultId", "ocid1.vault.oc1.phx.r")],
+        &["\"failoverVaultId\" needs \"failoverRegion\""],
+    );
+    refused(
+        "- name: a\n  failoverVaultId: ocid1.vault.oc1.phx.r\n",
+        &[],
+        &["secrets[0].failoverVaultId needs"],
+    );
+    refused(
+        "- name: a\n",
+        &[
+            ("region", "us-phoenix-1"),
+            ("failoverRegion", "us-phoenix-1"),
+            ("failoverVaultId", "ocid1.vault.oc1.phx.r"),
+        ],
+        &["is the primary region"],
+    );
+    // An entry's own replica vault.
+    let params = parse(
+        "- name: a\n  failoverVaultId: ocid1.vault.oc1.phx.own\n",
+        &[("failoverRegion", "us-phoenix-1")],
+    );
+    assert_eq!(
+        params.secrets[0].failover,
+        Some(SecretSource::Name {
+            name: "a".into(),
+            vault_id: "ocid1.vault.oc1.phx.own".into()
+        })
+    );
+}
