@@ -124,6 +124,24 @@ fn request(auth_type: &str, service_account: &str, pod: usize, secrets: &str) ->
 
 const TWO_SECRETS: &str = "- name: db-password\n- name: tls-key\n  fileName: tls/key.bin\n";
 
+/// A response's files as (path, contents, mode).
+fn files_of(response: &csi_grpc::proto::MountResponse) -> Vec<(&str, Vec<u8>, i32)> {
+    response
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.contents.clone(), f.mode))
+        .collect()
+}
+
+/// A response's object versions as (id, version).
+fn versions_of(response: &csi_grpc::proto::MountResponse) -> Vec<(&str, &str)> {
+    response
+        .object_version
+        .iter()
+        .map(|v| (v.id.as_str(), v.version.as_str()))
+        .collect()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| {
@@ -160,11 +178,7 @@ async fn each_principal_mounts_real_files_from_the_emulator() {
             .await
             .unwrap_or_else(|s| panic!("{auth_type}: {s:?}"))
             .into_inner();
-        let files: Vec<_> = response
-            .files
-            .iter()
-            .map(|f| (f.path.as_str(), f.contents.clone(), f.mode))
-            .collect();
+        let files = files_of(&response);
         assert_eq!(
             files,
             vec![
@@ -173,11 +187,7 @@ async fn each_principal_mounts_real_files_from_the_emulator() {
             ],
             "{auth_type}"
         );
-        let versions: Vec<_> = response
-            .object_version
-            .iter()
-            .map(|v| (v.id.as_str(), v.version.as_str()))
-            .collect();
+        let versions = versions_of(&response);
         assert_eq!(
             versions,
             vec![
@@ -846,11 +856,7 @@ async fn the_new_entry_fields_mount_through_the_socket() {
         .await
         .unwrap()
         .into_inner();
-    let files: Vec<_> = response
-        .files
-        .iter()
-        .map(|f| (f.path.as_str(), f.contents.clone(), f.mode))
-        .collect();
+    let files = files_of(&response);
     assert_eq!(
         files,
         vec![
@@ -862,11 +868,7 @@ async fn the_new_entry_fields_mount_through_the_socket() {
             ("db-password", SECRET_BYTES.as_bytes().to_vec(), 420),
         ]
     );
-    let versions: Vec<_> = response
-        .object_version
-        .iter()
-        .map(|v| (v.id.as_str(), v.version.as_str()))
-        .collect();
+    let versions = versions_of(&response);
     assert_eq!(
         versions,
         vec![
@@ -1224,23 +1226,14 @@ async fn the_go_providers_parameter_example_mounts_as_before() {
         .await
         .unwrap()
         .into_inner();
-    let files: Vec<_> = response
-        .files
-        .iter()
-        .map(|f| (f.path.as_str(), f.contents.as_slice(), f.mode))
-        .collect();
     assert_eq!(
-        files,
+        files_of(&response),
         [
-            ("secret1", b"one-previous".as_slice(), 420),
-            ("src-db-password", b"two-first".as_slice(), 420)
+            ("secret1", b"one-previous".to_vec(), 420),
+            ("src-db-password", b"two-first".to_vec(), 420)
         ]
     );
-    let versions: Vec<_> = response
-        .object_version
-        .iter()
-        .map(|v| (v.id.as_str(), v.version.as_str()))
-        .collect();
+    let versions = versions_of(&response);
     assert_eq!(
         versions,
         [
