@@ -38,6 +38,12 @@ pub(crate) struct Metrics {
     duration: Histogram,
     in_flight: Gauge,
     alive_tasks: Gauge,
+    shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
 /// Reads one counter of a host.
@@ -94,7 +100,10 @@ impl Collector for UpstreamCollector {
 
 /// The in-flight byte budget, read at scrape time.
 #[derive(Debug)]
-struct BudgetCollector(provider::ByteBudget);
+struct BudgetCollector(
+    provider::ByteBudget,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+);
 
 impl Collector for BudgetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -119,6 +128,22 @@ impl Collector for BudgetCollector {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(clamp(value)).encode(family)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "mounts_shed",
+            "Mounts refused to protect the node, by reason: in_flight \
+             (server.max_in_flight_mounts), byte_budget (server.max_in_flight_bytes)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in [
+            (
+                "in_flight",
+                self.1.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            ("byte_budget", self.0.refused() as u64),
+        ] {
+            ConstCounter::new(n).encode(family.encode_family(&ReasonLabel { reason })?)?;
+        }
         Ok(())
     }
 }
@@ -131,6 +156,87 @@ pub(crate) struct CacheSources {
     pub(crate) principals: auth::Principals,
     /// Which region served each entry.
     pub(crate) served: std::sync::Arc<provider::RegionStats>,
+    /// Upstream exchange durations.
+    pub(crate) timings: std::sync::Arc<UpstreamTimings>,
+}
+
+/// Which class of upstream an authority is (`secrets`, `kubernetes`, `proxymux`,
+/// `federation`, `imds`): the configured endpoints, then the OCI host names.
+#[derive(Debug, Default)]
+pub(crate) struct HostClasses(std::collections::BTreeMap<String, &'static str>);
+
+impl HostClasses {
+    pub(crate) fn insert(&mut self, authority: String, class: &'static str) {
+        self.0.entry(authority).or_insert(class);
+    }
+
+    fn class(&self, authority: &str) -> &'static str {
+        if let Some(class) = self.0.get(authority) {
+            return class;
+        }
+        let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+        if host.starts_with("secrets.") {
+            "secrets"
+        } else if host.starts_with("auth.") {
+            "federation"
+        } else if host == "169.254.169.254" {
+            "imds"
+        } else if authority.ends_with(":12250") {
+            "proxymux"
+        } else {
+            "other"
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExchangeLabel {
+    host_class: &'static str,
+    status_class: &'static str,
+}
+
+/// Upstream exchange durations by host class and status class, fed by the transport.
+#[derive(Debug)]
+pub(crate) struct UpstreamTimings {
+    classes: HostClasses,
+    durations: Family<ExchangeLabel, Histogram, fn() -> Histogram>,
+}
+
+impl UpstreamTimings {
+    pub(crate) fn new(classes: HostClasses) -> Self {
+        fn buckets() -> Histogram {
+            Histogram::new([
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ])
+        }
+        Self {
+            classes,
+            durations: Family::new_with_constructor(buckets),
+        }
+    }
+}
+
+impl transport::ExchangeObserver for UpstreamTimings {
+    fn exchanged(&self, authority: &str, outcome: transport::Outcome, elapsed: Duration) {
+        let status_class = match outcome {
+            transport::Outcome::Status(s) if s < 200 => "1xx",
+            transport::Outcome::Status(s) if s < 300 => "2xx",
+            transport::Outcome::Status(s) if s < 400 => "3xx",
+            transport::Outcome::Status(s) if s < 500 => "4xx",
+            transport::Outcome::Status(_) => "5xx",
+            transport::Outcome::Failed(transport::ErrorKind::Connect) => "connect_error",
+            transport::Outcome::Failed(transport::ErrorKind::Timeout) => "timeout",
+            transport::Outcome::Failed(transport::ErrorKind::TooLarge) => "too_large",
+            transport::Outcome::Failed(_) => "error",
+        };
+        let label = ExchangeLabel {
+            host_class: self.classes.class(authority),
+            status_class,
+        };
+        self.durations
+            .get_or_create(&label)
+            .observe(elapsed.as_secs_f64());
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -233,6 +339,59 @@ impl Collector for CacheSources {
     }
 }
 
+/// The conventional `process_*` metrics, read from `/proc/self` at scrape time (no prefix).
+#[derive(Debug)]
+struct ProcessCollector {
+    start_time_seconds: f64,
+}
+
+impl Default for ProcessCollector {
+    fn default() -> Self {
+        Self {
+            start_time_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        }
+    }
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
+        for (name, help, value) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                field("VmRSS:") * 1024,
+            ),
+            ("process_open_fds", "Open file descriptors", fds),
+            ("process_threads", "OS threads", field("Threads:")),
+        ] {
+            // `process_*` without the registry's prefix, as Prometheus clients name them.
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        let family = encoder.encode_descriptor(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.start_time_seconds).encode(family)?;
+        Ok(())
+    }
+}
+
 impl Metrics {
     pub(crate) fn new(
         version: &'static str,
@@ -240,7 +399,10 @@ impl Metrics {
         budget: provider::ByteBudget,
         caches: CacheSources,
     ) -> Self {
-        let mut registry = Registry::with_prefix("oci_provider");
+        // `process_*` at the root, as Prometheus clients name them; ours under `oci_provider_`.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(ProcessCollector::default()));
+        let registry = root.sub_registry_with_prefix("oci_provider");
         let mounts = Family::<CodeLabel, Counter>::default();
         registry.register("mounts", "Mounts answered, by gRPC outcome", mounts.clone());
         let duration = Histogram::new([
@@ -257,7 +419,13 @@ impl Metrics {
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
         registry.register_collector(Box::new(UpstreamCollector(transport)));
-        registry.register_collector(Box::new(BudgetCollector(budget)));
+        let shed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        registry.register_collector(Box::new(BudgetCollector(budget, shed.clone())));
+        registry.register(
+            "upstream_request_duration_seconds",
+            "Upstream exchanges (each attempt) by host class and status class, body included",
+            caches.timings.durations.clone(),
+        );
         registry.register_collector(Box::new(caches));
         let alive_tasks = Gauge::default();
         registry.register(
@@ -266,8 +434,9 @@ impl Metrics {
             alive_tasks.clone(),
         );
         Self {
+            shed,
             alive_tasks,
-            registry: Mutex::new(registry),
+            registry: Mutex::new(root),
             mounts,
             duration,
             in_flight,
@@ -294,6 +463,10 @@ impl Metrics {
 }
 
 impl MountObserver for Metrics {
+    fn mount_shed(&self) {
+        self.shed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn mount_started(&self) {
         self.in_flight.inc();
     }

@@ -187,6 +187,32 @@ pub(crate) fn build(
         transport_config =
             transport_config.allow_plain_http(authority(metadata, "endpoints.instance_metadata")?);
     }
+    // Every exchange is timed by host class for /metrics.
+    let mut classes = crate::metrics::HostClasses::default();
+    let mut name = |url: Option<&str>, class: &'static str| {
+        if let Some(a) = url
+            .and_then(|u| u.parse::<http::Uri>().ok())
+            .as_ref()
+            .and_then(transport::authority_of)
+        {
+            classes.insert(a, class);
+        }
+    };
+    name(principals_config.secrets_endpoint.as_deref(), "secrets");
+    for url in principals_config.secrets_endpoints_by_region.values() {
+        name(Some(url), "secrets");
+    }
+    name(
+        principals_config.federation_endpoint.as_deref(),
+        "federation",
+    );
+    name(Some(metadata), "imds");
+    name(principals_config.proxymux_url().as_deref(), "proxymux");
+    if let Ok(Some((url, _))) = principals_config.kubernetes_target() {
+        name(Some(&url), "kubernetes");
+    }
+    let timings = Arc::new(crate::metrics::UpstreamTimings::new(classes));
+    transport_config.observer = Some(timings.clone());
     let transport = Transport::new(transport_config)?;
 
     // 2. Identities, and requests signed as them, over the transport.
@@ -240,6 +266,7 @@ pub(crate) fn build(
         bundles,
         principals: principals_for_metrics,
         served,
+        timings,
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),

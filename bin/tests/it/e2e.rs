@@ -1243,3 +1243,86 @@ async fn the_go_providers_parameter_example_mounts_as_before() {
     );
     assert!(provider.terminate().await.status.success());
 }
+
+/// The metrics an operator needs, after a mix of mounts: upstream durations by host and
+/// status class, mounts shed by the in-flight bound, the `process_*` family.
+#[tokio::test]
+async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
+    let emu = emulator(1).await;
+    let provider = provider(
+        &emu,
+        &[],
+        &[NO_CACHE, ("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_MOUNTS", "1")],
+    )
+    .await;
+    let client = provider.client().await;
+    client
+        .clone()
+        .mount(request("workload", "sa-0", 1, "- name: db-password\n"))
+        .await
+        .unwrap();
+    let _ = client
+        .clone()
+        .mount(request("workload", "sa-0", 2, "- name: nope\n"))
+        .await
+        .unwrap_err();
+    // One mount held at the emulator; a second one at once is shed.
+    emu.close_gate(Endpoint::Secrets);
+    let held = tokio::spawn({
+        let mut client = client.clone();
+        async move {
+            client
+                .mount(request("workload", "sa-0", 3, "- name: db-password\n"))
+                .await
+        }
+    });
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while emu.stats().held.get(&Endpoint::Secrets).copied() != Some(1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first mount is held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let shed = client
+        .clone()
+        .mount(request("workload", "sa-0", 4, "- name: db-password\n"))
+        .await
+        .unwrap_err();
+    assert_eq!(shed.code(), Code::ResourceExhausted);
+    emu.open_gate(Endpoint::Secrets);
+    held.await.unwrap().unwrap();
+    let metrics = provider.metrics().await;
+    let count = |labels: &str| {
+        metric(
+            &metrics,
+            &format!("oci_provider_upstream_request_duration_seconds_count{{{labels}}}"),
+        )
+    };
+    assert_eq!(
+        count("host_class=\"secrets\",status_class=\"2xx\""),
+        2.0,
+        "{metrics}"
+    );
+    assert_eq!(count("host_class=\"secrets\",status_class=\"4xx\""), 1.0);
+    assert_eq!(count("host_class=\"proxymux\",status_class=\"2xx\""), 1.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_mounts_shed_total{reason=\"in_flight\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_mounts_shed_total{reason=\"byte_budget\"}"
+        ),
+        0.0
+    );
+    assert!(metric(&metrics, "process_resident_memory_bytes") > 1_000_000.0);
+    assert!(metric(&metrics, "process_open_fds") >= 3.0);
+    assert!(metric(&metrics, "process_threads") >= 1.0);
+    assert!(metric(&metrics, "process_start_time_seconds") > 1.7e9);
+    assert!(provider.terminate().await.status.success());
+}

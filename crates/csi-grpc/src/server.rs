@@ -89,6 +89,9 @@ pub trait MountObserver: Send + Sync + std::fmt::Debug + 'static {
     fn mount_started(&self);
     /// A mount finished: `Ok` or the kind of its error, and how long it took.
     fn mount_finished(&self, outcome: Result<(), ErrorKind>, elapsed: Duration);
+    /// A mount was refused because `MountLimits::max_in_flight` mounts were in flight
+    /// (it is also reported as finished with ResourceExhausted).
+    fn mount_shed(&self) {}
 }
 
 /// The `CSIDriverProvider` gRPC service around an inner mount service `S`.
@@ -176,6 +179,9 @@ where
         request: tonic::Request<proto::MountRequest>,
     ) -> Result<proto::MountResponse, MountError> {
         let _permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            if let Some(observer) = &self.observer {
+                observer.mount_shed();
+            }
             MountError::new(
                 ErrorKind::ResourceExhausted,
                 format!(

@@ -20,6 +20,7 @@ struct Inner {
     capacity: usize,
     used: AtomicUsize,
     high_water: AtomicUsize,
+    refused: AtomicUsize,
 }
 
 impl fmt::Debug for ByteBudget {
@@ -40,6 +41,7 @@ impl ByteBudget {
                 capacity,
                 used: AtomicUsize::new(0),
                 high_water: AtomicUsize::new(0),
+                refused: AtomicUsize::new(0),
             }),
         }
     }
@@ -48,9 +50,13 @@ impl ByteBudget {
     pub fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
         let mut used = self.inner.used.load(Ordering::Relaxed);
         loop {
-            let next = used
+            let Some(next) = used
                 .checked_add(bytes)
-                .filter(|n| *n <= self.inner.capacity)?;
+                .filter(|n| *n <= self.inner.capacity)
+            else {
+                self.inner.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            };
             match self.inner.used.compare_exchange_weak(
                 used,
                 next,
@@ -82,6 +88,11 @@ impl ByteBudget {
     /// The most bytes ever reserved at once.
     pub fn high_water(&self) -> usize {
         self.inner.high_water.load(Ordering::Relaxed)
+    }
+
+    /// Reservations refused since start (each fails its mount with ResourceExhausted).
+    pub fn refused(&self) -> usize {
+        self.inner.refused.load(Ordering::Relaxed)
     }
 }
 

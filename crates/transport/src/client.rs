@@ -167,13 +167,22 @@ impl Transport {
             })?;
             Ok(Response::from_parts(parts, body.to_bytes()))
         };
-        match tokio::time::timeout_at(deadline, exchange).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(result) => result,
             Err(_) => Err(TransportError::Timeout {
-                authority,
+                authority: authority.clone(),
                 after: budget,
             }),
+        };
+        if let Some(observer) = &config.observer {
+            let outcome = match &result {
+                Ok(response) => crate::Outcome::Status(response.status().as_u16()),
+                Err(err) => crate::Outcome::Failed(err.kind()),
+            };
+            observer.exchanged(&authority, outcome, started.elapsed());
         }
+        result
     }
 }
 

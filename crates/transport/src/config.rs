@@ -20,6 +20,8 @@ pub struct TransportConfig {
     pub tcp_keepalive: Option<Duration>,
     /// Largest response body accepted.
     pub max_response_bytes: usize,
+    /// Told of every exchange's outcome and duration (metrics); `None`: nobody.
+    pub observer: Option<std::sync::Arc<dyn crate::ExchangeObserver>>,
     /// Trust for OCI hosts: this file only (like `SSL_CERT_FILE` in Go) instead of the
     /// platform roots.
     pub ssl_cert_file: Option<PathBuf>,
@@ -44,6 +46,7 @@ impl Default for TransportConfig {
             request_timeout: Duration::from_secs(30),
             tcp_keepalive: Some(Duration::from_secs(30)),
             max_response_bytes: 4 * 1024 * 1024,
+            observer: None,
             ssl_cert_file: None,
             oci_ca_files: Vec::new(),
             dedicated_trust: Vec::new(),

@@ -33,7 +33,7 @@ pub use client::{Deadline, HttpService, MaxBodyBytes, Transport, TransportBuildE
 pub use config::{Proxy, TransportConfig};
 pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
-pub use stats::HostStats;
+pub use stats::{ExchangeObserver, HostStats, Outcome};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

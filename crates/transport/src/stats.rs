@@ -92,3 +92,20 @@ mod tests {
         assert_eq!(stats.snapshot()["busy:443"].closed, 1);
     }
 }
+
+/// How one exchange ended, as an [`ExchangeObserver`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response with this status arrived (its body read whole).
+    Status(u16),
+    /// No usable response: the error's kind.
+    Failed(crate::ErrorKind),
+}
+
+/// Sees every exchange of the transport: which host, how it ended, how long it took
+/// (from the request permit to the last body byte or the error). For metrics; never given
+/// a header or a body.
+pub trait ExchangeObserver: Send + Sync + std::fmt::Debug + 'static {
+    /// One exchange ended.
+    fn exchanged(&self, authority: &str, outcome: Outcome, elapsed: std::time::Duration);
+}

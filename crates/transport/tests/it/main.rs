@@ -396,3 +396,48 @@ async fn a_ca_file_without_certificates_is_refused_at_build() {
     .unwrap_err();
     assert!(err.to_string().contains("no usable certificate"), "{err}");
 }
+
+/// Records what the transport reports of each exchange.
+#[derive(Debug, Default)]
+struct Recorder(std::sync::Mutex<Vec<(String, oci_csi_transport::Outcome)>>);
+
+impl oci_csi_transport::ExchangeObserver for Recorder {
+    fn exchanged(&self, authority: &str, outcome: oci_csi_transport::Outcome, _: Duration) {
+        self.0.lock().unwrap().push((authority.to_owned(), outcome));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_exchange_with_its_status_or_error_kind() {
+    use oci_csi_transport::Outcome;
+    let emu = emulator().await;
+    let recorder = Arc::new(Recorder::default());
+    let transport = Transport::new(TransportConfig {
+        observer: Some(recorder.clone()),
+        ..config(&emu)
+    })
+    .unwrap();
+    transport
+        .service()
+        .oneshot(get(secrets_url(&emu)))
+        .await
+        .unwrap();
+    // Nothing listens there: a connect error.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _ = transport
+        .service()
+        .oneshot(get(format!("https://{dead}/x")))
+        .await
+        .unwrap_err();
+    let seen = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (authority(&emu, Endpoint::Secrets), Outcome::Status(401)),
+            (dead.to_string(), Outcome::Failed(ErrorKind::Connect)),
+        ]
+    );
+}
