@@ -158,6 +158,15 @@ pub(crate) struct CacheSources {
     pub(crate) served: std::sync::Arc<provider::RegionStats>,
     /// Upstream exchange durations.
     pub(crate) timings: std::sync::Arc<UpstreamTimings>,
+    /// The Secrets client's retries by reason.
+    pub(crate) retries: std::sync::Arc<vault::Retries>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FetchLabel {
+    kind: &'static str,
+    op: &'static str,
+    result: &'static str,
 }
 
 /// Which class of upstream an authority is (`secrets`, `kubernetes`, `proxymux`,
@@ -298,6 +307,34 @@ impl Collector for CacheSources {
                     ConstCounter::new(n)
                         .encode(family.encode_family(&EvictionLabel { kind, cause })?)?;
                 }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "upstream_retries",
+                "Secrets API attempts retried, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for (reason, n) in self.retries.snapshot() {
+                ConstCounter::new(n).encode(family.encode_family(&ReasonLabel {
+                    reason: reason.as_str(),
+                })?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "credential_fetches",
+                "Token exchanges and refreshes (and user key loads), by principal kind and result",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((kind, op, result), n) in self.principals.credential_fetches() {
+                ConstCounter::new(n).encode(family.encode_family(&FetchLabel {
+                    kind,
+                    op,
+                    result,
+                })?)?;
             }
         }
         {

@@ -232,6 +232,7 @@ pub(crate) fn build(
             env!("CARGO_PKG_VERSION")
         ))
         .with_max_body_bytes(u.max_bundle_bytes);
+    let retries = vault.retries();
 
     // 4. The bundle cache in front of it: one fetch per credential, secret and version at
     //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
@@ -267,6 +268,7 @@ pub(crate) fn build(
         principals: principals_for_metrics,
         served,
         timings,
+        retries,
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),

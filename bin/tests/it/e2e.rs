@@ -1256,6 +1256,8 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
     )
     .await;
     let client = provider.client().await;
+    // One 503, retried.
+    emu.script(Endpoint::Secrets, [Fault::Status(503)]);
     client
         .clone()
         .mount(request("workload", "sa-0", 1, "- name: db-password\n"))
@@ -1305,6 +1307,21 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
         "{metrics}"
     );
     assert_eq!(count("host_class=\"secrets\",status_class=\"4xx\""), 1.0);
+    assert_eq!(count("host_class=\"secrets\",status_class=\"5xx\""), 1.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_upstream_retries_total{reason=\"server_error\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_credential_fetches_total{kind=\"rpst\",op=\"exchange\",result=\"ok\"}"
+        ),
+        1.0
+    );
     assert_eq!(count("host_class=\"proxymux\",status_class=\"2xx\""), 1.0);
     assert_eq!(
         metric(

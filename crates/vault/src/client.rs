@@ -3,6 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -63,6 +65,89 @@ pub struct VaultClient<S> {
     retry: RetryPolicy,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
+    retries: Arc<Retries>,
+}
+
+/// Retries made by a client (and its clones), by reason.
+#[derive(Debug, Default)]
+pub struct Retries {
+    counts: [AtomicU64; RetryReason::ALL.len()],
+}
+
+/// Why an attempt was retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RetryReason {
+    /// 429 TooManyRequests.
+    Throttled,
+    /// 500, 502, 503, 504 (and 501 unless `MethodNotImplemented`).
+    ServerError,
+    /// 409 `IncorrectState`.
+    Conflict,
+    /// No connection could be made.
+    Connect,
+    /// The exchange timed out.
+    Timeout,
+    /// The connection broke mid-exchange.
+    Io,
+    /// A token exchange failed transiently (proxymux or federation unavailable).
+    Credentials,
+}
+
+impl RetryReason {
+    /// Every reason, in a fixed order.
+    pub const ALL: [RetryReason; 7] = [
+        RetryReason::Throttled,
+        RetryReason::ServerError,
+        RetryReason::Conflict,
+        RetryReason::Connect,
+        RetryReason::Timeout,
+        RetryReason::Io,
+        RetryReason::Credentials,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Throttled => "throttled",
+            RetryReason::ServerError => "server_error",
+            RetryReason::Conflict => "conflict",
+            RetryReason::Connect => "connect",
+            RetryReason::Timeout => "timeout",
+            RetryReason::Io => "io",
+            RetryReason::Credentials => "credentials",
+        }
+    }
+
+    fn of(error: &VaultError) -> Self {
+        match error {
+            VaultError::Status { oci, .. } if oci.status == 429 => RetryReason::Throttled,
+            VaultError::Status { oci, .. } if oci.status == 409 => RetryReason::Conflict,
+            VaultError::Status { .. } => RetryReason::ServerError,
+            VaultError::Transport { source, .. } => match source.kind() {
+                transport::ErrorKind::Connect => RetryReason::Connect,
+                transport::ErrorKind::Timeout => RetryReason::Timeout,
+                _ => RetryReason::Io,
+            },
+            _ => RetryReason::Credentials,
+        }
+    }
+}
+
+impl Retries {
+    /// Retries so far, by reason.
+    pub fn snapshot(&self) -> Vec<(RetryReason, u64)> {
+        RetryReason::ALL
+            .iter()
+            .zip(&self.counts)
+            .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    fn count(&self, reason: RetryReason) {
+        if let Some(i) = RetryReason::ALL.iter().position(|r| *r == reason) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<S> fmt::Debug for VaultClient<S> {
@@ -82,7 +167,13 @@ impl<S> VaultClient<S> {
             retry,
             user_agent: HeaderValue::from_static(DEFAULT_USER_AGENT),
             max_body_bytes: None,
+            retries: Arc::new(Retries::default()),
         }
+    }
+
+    /// The retries this client and its clones made, by reason (for metrics).
+    pub fn retries(&self) -> Arc<Retries> {
+        Arc::clone(&self.retries)
     }
 
     /// Reads at most `bytes` of each answer (a [`transport::MaxBodyBytes`] extension on
@@ -129,6 +220,7 @@ where
             retry: self.retry.clone(),
             user_agent: self.user_agent.clone(),
             max_body_bytes: self.max_body_bytes,
+            retries: Arc::clone(&self.retries),
             secret: request.describe(),
             request,
         };
@@ -142,6 +234,7 @@ struct Fetch<S> {
     retry: RetryPolicy,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
+    retries: Arc<Retries>,
     secret: String,
     request: SecretRequest,
 }
@@ -190,6 +283,7 @@ where
                 delay_ms = delay.as_millis() as u64,
                 "retrying OCI secrets call"
             );
+            self.retries.count(RetryReason::of(&error));
             tokio::time::sleep(delay).await;
         }
     }
@@ -428,12 +522,20 @@ mod tests {
             oci(409, "IncorrectState"),
         ]);
         let start = Instant::now();
-        let bundle = script
-            .client(no_jitter())
+        let client = script.client(no_jitter());
+        let retries = client.retries();
+        let bundle = client
             .oneshot(request(Duration::from_secs(60)))
             .await
             .unwrap();
         assert_eq!(bundle.content.expose(), b"hi");
+        let counted: Vec<_> = retries
+            .snapshot()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(reason, n)| (reason.as_str(), n))
+            .collect();
+        assert_eq!(counted, [("server_error", 2), ("conflict", 1)]);
         let offsets: Vec<_> = script
             .times()
             .iter()

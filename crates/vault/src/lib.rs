@@ -27,7 +27,7 @@ mod request;
 mod retry;
 
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
-pub use client::{DEFAULT_USER_AGENT, VaultClient};
+pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};
 pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{BundleKey, BundleType, Service};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};

@@ -81,7 +81,7 @@ async fn session(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessio
             &(),
             deadline,
             |s| s.usable(inner.now()),
-            |_stale| federate(inner, deadline),
+            |stale| inner.counted("instance", stale.is_some(), federate(inner, deadline)),
         )
         .await?;
     Ok(session)

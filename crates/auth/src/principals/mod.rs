@@ -296,6 +296,8 @@ struct Inner {
     workloads: Cache<(String, String), workload::Session>,
     instance: Cache<(), instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
+    /// Credential fetches by (kind, exchange | refresh, ok | error).
+    fetches: std::sync::Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
 }
 
 impl fmt::Debug for Principals {
@@ -316,6 +318,18 @@ impl Principals {
             ("rpst", inner.workloads.stats()),
             ("instance", inner.instance.stats()),
         ]
+    }
+
+    /// Credential fetches so far: (kind `rpst` | `instance` | `user`, `exchange` | `refresh`,
+    /// `ok` | `error`) → count.
+    pub fn credential_fetches(&self) -> Vec<((&'static str, &'static str, &'static str), u64)> {
+        self.inner
+            .fetches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
     }
 
     /// Drops expired credentials every `every`, until the principals are dropped.
@@ -385,6 +399,7 @@ impl Principals {
                 workloads,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),
+                fetches: std::sync::Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -412,6 +427,26 @@ impl Principals {
 impl Inner {
     fn now(&self) -> SystemTime {
         self.clock.now()
+    }
+
+    /// Runs one credential fetch (`kind`: `rpst`, `instance`, `user`), counting it as an
+    /// exchange or a refresh (a stale credential was replaced) with its result.
+    async fn counted<T>(
+        &self,
+        kind: &'static str,
+        refresh: bool,
+        work: impl std::future::Future<Output = Result<T, AuthError>>,
+    ) -> Result<T, AuthError> {
+        let result = work.await;
+        let op = if refresh { "refresh" } else { "exchange" };
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        *self
+            .fetches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((kind, op, outcome))
+            .or_default() += 1;
+        result
     }
 
     fn kube(&self) -> Result<&KubeApi, AuthError> {

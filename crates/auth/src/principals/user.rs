@@ -111,7 +111,13 @@ async fn cached_or_load(
             &(namespace.to_owned(), secret_name.to_owned()),
             deadline,
             |_| true,
-            |_stale| load(inner, namespace, secret_name, deadline),
+            |stale| {
+                inner.counted(
+                    "user",
+                    stale.is_some(),
+                    load(inner, namespace, secret_name, deadline),
+                )
+            },
         )
         .await?;
     Ok(loaded)

@@ -139,9 +139,10 @@ pub(super) async fn establish(
             &key,
             request.deadline,
             |s| s.usable(inner.now()) && matches(s),
-            |_stale| {
+            |stale| {
                 let (supplied, pod) = (supplied.clone(), pod.clone());
-                async move {
+                let refresh = stale.is_some();
+                inner.counted("rpst", refresh, async move {
                     let (token, info) = match supplied {
                         Some(supplied) => supplied,
                         None => {
@@ -165,7 +166,7 @@ pub(super) async fn establish(
                         request.deadline,
                     )
                     .await
-                }
+                })
             },
         )
         .await?;
@@ -216,7 +217,7 @@ pub(super) async fn signing_key(
                 let current = stale
                     .filter(|s| &s.identity == identity)
                     .unwrap_or_else(|| current.clone());
-                async move {
+                inner.counted("rpst", true, async move {
                     let (token, info) = if fresh(current.sa_exp, inner.now()) {
                         let info = check_token(
                             &current.sa_token,
@@ -247,7 +248,7 @@ pub(super) async fn signing_key(
                         deadline,
                     )
                     .await
-                }
+                })
             },
         )
         .await?;
