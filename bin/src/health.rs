@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,8 +21,8 @@ use crate::metrics::Metrics;
 /// What a server answers.
 #[derive(Clone, Debug)]
 pub(crate) enum Routes {
-    /// `/health` and `/healthz` (alive), `/readyz` (serving the socket).
-    Health(Arc<AtomicBool>),
+    /// `/health` and `/healthz` (alive), `/readyz` (`Version` answers on the socket).
+    Health(Arc<crate::ready::Readiness>),
     /// `/metrics`.
     Metrics(Arc<Metrics>),
 }
@@ -111,17 +110,6 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
         (Routes::Health(_), _, "/health" | "/healthz") => {
             (StatusCode::OK, "text/plain", "ok\n".to_owned())
         }
-        (Routes::Health(ready), _, "/readyz") => {
-            if ready.load(Ordering::SeqCst) {
-                (StatusCode::OK, "text/plain", "ready\n".to_owned())
-            } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "not serving the provider socket\n".to_owned(),
-                )
-            }
-        }
         (Routes::Metrics(metrics), _, "/metrics") => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -133,6 +121,10 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
             "not found\n".to_owned(),
         ),
     };
+    respond(status, content_type, body)
+}
+
+fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(value) = http::HeaderValue::from_str(content_type) {
@@ -141,6 +133,18 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
             .insert(http::header::CONTENT_TYPE, value);
     }
     response
+}
+
+/// `/readyz`: 200 when `Version` answers on the provider's own socket (cached ~1 s).
+async fn readyz(ready: &crate::ready::Readiness) -> Response<Full<Bytes>> {
+    match ready.check().await {
+        Ok(()) => respond(StatusCode::OK, "text/plain", "ready\n".to_owned()),
+        Err(why) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready: {why}\n"),
+        ),
+    }
 }
 
 /// Serves `routes` until `stop` turns true, within `limits`: a connection beyond the
@@ -174,8 +178,19 @@ pub(crate) async fn serve(
         let service = ServiceBuilder::new()
             .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
             .service_fn(move |request: Request<_>| {
-                let response = answer(&routes, &request);
-                async move { Ok::<_, Infallible>(response) }
+                let routes = routes.clone();
+                async move {
+                    let response = match (&routes, request.uri().path()) {
+                        (Routes::Health(ready), "/readyz")
+                            if request.method() == Method::GET
+                                || request.method() == Method::HEAD =>
+                        {
+                            readyz(ready).await
+                        }
+                        _ => answer(&routes, &request),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
         let mut stop = stop.clone();
         let header_read_timeout = limits.header_read_timeout;

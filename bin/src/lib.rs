@@ -7,6 +7,7 @@ mod endpoints;
 mod flags;
 mod health;
 mod metrics;
+mod ready;
 mod telemetry;
 mod wiring;
 
@@ -15,7 +16,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -105,7 +105,8 @@ pub async fn run(
             "--enable-pprof is accepted for compatibility but profiling is not supported; nothing listens on the pprof port"
         );
     }
-    let ready = Arc::new(AtomicBool::new(false));
+    let endpoint = config.grpc_endpoint()?;
+    let ready = Arc::new(ready::Readiness::new(endpoint.clone()));
     let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock))?;
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
@@ -136,17 +137,16 @@ pub async fn run(
         stop_rx.clone(),
     ));
 
-    let endpoint = config.grpc_endpoint()?;
     let listener = csi_grpc::Listener::bind(&endpoint, config.server.endpoint_permissions.0)
         .with_context(|| format!("cannot serve {endpoint} (--endpoint)"))?;
     let provider = stack.provider;
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
-    ready.store(true, Ordering::SeqCst);
+    ready.set_serving(true);
 
     let not_ready = ready.clone();
     let shutdown = async move {
         shutdown.await;
-        not_ready.store(false, Ordering::SeqCst);
+        not_ready.set_serving(false);
     };
     let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
     let served = csi_grpc::serve(listener, provider, shutdown, grace).await;

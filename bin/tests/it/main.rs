@@ -290,6 +290,32 @@ async fn readyz_answers_only_while_the_socket_is_served() {
     );
 }
 
+/// Readiness calls `Version` over the socket, as the driver would: a removed socket makes
+/// the provider unready (after the ~1 s the answer is cached), whatever the process says.
+#[tokio::test]
+async fn readyz_fails_when_the_socket_no_longer_answers() {
+    let provider = Provider::start(&[], &[]).await;
+    let (status, body) = http_get(provider.healthz_port, "/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    std::fs::remove_file(&provider.socket).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = http_get(provider.healthz_port, "/readyz").await;
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz stayed {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(body.contains("cannot connect to unix://"), "{body}");
+    // Liveness is the runtime answering, not the socket.
+    assert_eq!(http_get(provider.healthz_port, "/healthz").await.0, 200);
+    assert!(provider.terminate().await.status.success());
+}
+
 #[tokio::test]
 async fn the_emulators_provider_config_is_a_valid_configuration() {
     let clock: testkit::SharedClock = std::sync::Arc::new(testkit::SystemClock);
