@@ -24,8 +24,11 @@ pub(crate) fn init(config: &LogConfig) -> anyhow::Result<()> {
             config.level
         )
     })?;
+    // Colours only on a terminal: a container's log file gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let result = match config.format {
         LogFormat::Text => builder.try_init(),

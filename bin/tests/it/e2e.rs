@@ -810,6 +810,18 @@ async fn repeated_mounts_are_served_from_the_cache_and_logged() {
         "{served:?}"
     );
     assert!(!output.stderr.contains(SECRET_BYTES));
+    // One line per mount with the pod, the code, the files and the calls that reached OCI.
+    let mounts: Vec<&str> = output
+        .stderr
+        .lines()
+        .filter(|l| l.contains("mount succeeded"))
+        .collect();
+    assert_eq!(mounts.len(), 12, "{}", output.stderr);
+    let with = |needle: &str| mounts.iter().filter(|l| l.contains(needle)).count();
+    assert_eq!(with("upstream_calls=2"), 4, "{mounts:?}");
+    assert_eq!(with("upstream_calls=0"), 8, "{mounts:?}");
+    assert_eq!(with("pod.namespace=\"storm\""), 12);
+    assert_eq!(with("code=\"ok\""), 12);
 }
 
 const VAULT_B: &str = "ocid1.vault.oc1.iad.second";

@@ -177,6 +177,7 @@ where
     async fn mount(
         &self,
         request: tonic::Request<proto::MountRequest>,
+        span: &tracing::Span,
     ) -> Result<proto::MountResponse, MountError> {
         let _permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
             if let Some(observer) = &self.observer {
@@ -196,16 +197,20 @@ where
         let margin = (budget / 20).min(Duration::from_secs(1));
         let deadline = Instant::now() + budget - margin;
         let request = MountRequest::from_proto(request.into_inner(), deadline)?;
-        let span = tracing::info_span!(
-            "mount",
-            pod.namespace = request.pod.namespace.as_deref().unwrap_or(""),
-            pod.name = request.pod.name.as_deref().unwrap_or(""),
-            spc = request
+        span.record(
+            "pod.namespace",
+            request.pod.namespace.as_deref().unwrap_or(""),
+        );
+        span.record("pod.name", request.pod.name.as_deref().unwrap_or(""));
+        span.record(
+            "spc",
+            request
                 .attributes
                 .get("secretProviderClass")
                 .map(String::as_str)
                 .unwrap_or(""),
         );
+        let span = span.clone();
         let mut inner = self.inner.clone();
         let call = async move {
             inner.ready().await?;
@@ -313,7 +318,17 @@ where
         if let Some(observer) = &self.observer {
             observer.mount_started();
         }
-        let result = CsiProvider::mount(self, request).await;
+        // One span per mount; the mount service records `upstream_calls` in it, and the
+        // line below is logged in it (pod, result code, duration, files, upstream calls).
+        let span = tracing::info_span!(
+            "mount",
+            pod.namespace = tracing::field::Empty,
+            pod.name = tracing::field::Empty,
+            spc = tracing::field::Empty,
+            upstream_calls = tracing::field::Empty,
+        );
+        let result = CsiProvider::mount(self, request, &span).await;
+        let _entered = span.enter();
         if let Some(observer) = &self.observer {
             observer.mount_finished(
                 result.as_ref().map(|_| ()).map_err(MountError::kind),
@@ -323,6 +338,7 @@ where
         match result {
             Ok(response) => {
                 tracing::info!(
+                    code = "ok",
                     files = response.files.len(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "mount succeeded"

@@ -395,6 +395,9 @@ where
             .ok_or_else(|| {
                 MountError::internal("internal error: a secret was neither fetched nor failed")
             })?;
+        // Reads that reached OCI (not answered by the cache), in the mount's span.
+        let upstream = bundles.len() - shared.len();
+        tracing::Span::current().record("upstream_calls", upstream);
         log_shared(&established.credential, &bundles, shared);
         Ok((bundles, reservations))
     }
