@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
 
 use crate::metrics::Metrics;
 
@@ -46,6 +48,8 @@ pub(crate) struct HttpLimits {
 
 /// Largest request head hyper buffers (hyper's minimum is 8 KiB).
 const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Longest an answer may take (readiness has its own 2 s; a scrape encodes in memory).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request body accepted; these servers only answer GET.
 const MAX_BODY_BYTES: usize = 1024;
 
@@ -175,7 +179,23 @@ pub(crate) async fn serve(
             continue;
         };
         let routes = routes.clone();
+        // A debug span per request (method, URI, status, latency; never headers), a bound
+        // on each answer's time, and on the body.
         let service = ServiceBuilder::new()
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(
+                        tower_http::trace::DefaultMakeSpan::new().include_headers(false),
+                    )
+                    // A 503 from /readyz during start is expected, not an error.
+                    .on_failure(
+                        tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+                    ),
+            )
+            .layer(TimeoutLayer::with_status_code(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ANSWER_TIMEOUT,
+            ))
             .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
             .service_fn(move |request: Request<_>| {
                 let routes = routes.clone();

@@ -316,6 +316,34 @@ async fn readyz_fails_when_the_socket_no_longer_answers() {
     assert!(provider.terminate().await.status.success());
 }
 
+/// A socket that accepts but never answers (a wedged server) is not ready either: the check
+/// gives up after its timeout instead of hanging the probe.
+#[tokio::test]
+async fn readyz_fails_when_the_socket_accepts_but_never_answers() {
+    let provider = Provider::start(&[], &[]).await;
+    std::fs::remove_file(&provider.socket).unwrap();
+    let wedged = tokio::net::UnixListener::bind(&provider.socket).unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = wedged.accept().await {
+            held.push(stream);
+        }
+    });
+    // Past the cached answer of the start-up probe.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let started = std::time::Instant::now();
+    let (status, body) = http_get(provider.healthz_port, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("did not answer"), "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    holder.abort();
+    assert!(provider.terminate().await.status.success());
+}
+
 #[tokio::test]
 async fn the_emulators_provider_config_is_a_valid_configuration() {
     let clock: testkit::SharedClock = std::sync::Arc::new(testkit::SystemClock);
