@@ -37,6 +37,19 @@ pub struct Config {
     pub auth: AuthConfig,
     /// The secret-bundle cache.
     pub cache: CacheConfig,
+    /// Traces.
+    pub telemetry: TelemetryConfig,
+}
+
+/// OpenTelemetry traces (off unless an endpoint is set here or by `OTEL_EXPORTER_OTLP_*`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP collector's base URL (`--otlp-endpoint`); plain `http://` is allowed
+    /// to this authority only.
+    pub otlp_endpoint: Option<String>,
+    /// The CA bundle trusted (alone) for an `https://` collector; default: the OCI trust.
+    pub otlp_ca_file: Option<std::path::PathBuf>,
 }
 
 /// The secret-bundle cache: what mounts of one secret, version and credential share.

@@ -46,6 +46,10 @@ pub struct Flags {
     /// Log level or tracing filter directive [log.level].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// OTLP/HTTP collector base URL for traces (`…/v1/traces` is appended)
+    /// [telemetry.otlp_endpoint; else OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT].
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Flags {
@@ -93,6 +97,11 @@ impl Flags {
             "--enable-pprof",
             "server.enable_pprof",
             self.enable_pprof.map(Value::from),
+        );
+        push(
+            "--otlp-endpoint",
+            "telemetry.otlp_endpoint",
+            self.otlp_endpoint.clone().map(Value::from),
         );
         push(
             "--pprof-port",

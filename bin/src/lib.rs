@@ -7,6 +7,7 @@ mod endpoints;
 mod flags;
 mod health;
 mod metrics;
+mod otel;
 mod ready;
 mod telemetry;
 mod wiring;
@@ -23,6 +24,7 @@ use anyhow::Context as _;
 pub use config::{Config, ConfigError, ENV_PREFIX, LogFormat};
 pub use endpoints::{Endpoints, HttpsUrl, MetadataUrl};
 pub use flags::Flags;
+pub use wiring::Traces;
 
 /// `runtime_name` answered by `Version`.
 pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
@@ -47,7 +49,28 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(err) = telemetry::init(&config.log) {
+    // Traces: the exporter is set up before the logger (its layer is part of it) and gets
+    // the transport once the stack is built.
+    let traces = match otel::traces_endpoint(config.telemetry.otlp_endpoint.as_deref(), &env) {
+        Ok(endpoint) => endpoint,
+        Err(err) => {
+            eprintln!("invalid configuration: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let otlp = otel::OtlpClient::default();
+    let provider = match traces
+        .as_deref()
+        .map(|e| otel::provider(e, otlp.clone()))
+        .transpose()
+    {
+        Ok(provider) => provider,
+        Err(err) => {
+            eprintln!("invalid configuration: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(err) = telemetry::init(&config.log, provider.as_ref()) {
         eprintln!("invalid configuration: {err:#}");
         return ExitCode::from(2);
     }
@@ -61,7 +84,19 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, env, shutdown_signal())) {
+    let traces = wiring::Traces {
+        endpoint: traces,
+        client: otlp,
+    };
+    let result = runtime.block_on(async {
+        let result = run(config, env, traces, shutdown_signal()).await;
+        // Flush the spans still queued (the exporter sends through the runtime).
+        if let Some(provider) = provider {
+            let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        }
+        result
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "provider stopped");
@@ -97,6 +132,7 @@ async fn shutdown_signal() {
 pub async fn run(
     config: Config,
     env: BTreeMap<String, String>,
+    traces: wiring::Traces,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     if config.server.enable_pprof {
@@ -107,7 +143,7 @@ pub async fn run(
     }
     let endpoint = config.grpc_endpoint()?;
     let ready = Arc::new(ready::Readiness::new(endpoint.clone()));
-    let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock))?;
+    let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock), &traces)?;
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
     let health = health::bind(health_addr).await.with_context(|| {

@@ -160,6 +160,8 @@ pub(crate) struct CacheSources {
     pub(crate) timings: std::sync::Arc<UpstreamTimings>,
     /// The Secrets client's retries by reason.
     pub(crate) retries: std::sync::Arc<vault::Retries>,
+    /// The trace exporter's client.
+    pub(crate) otlp: crate::otel::OtlpClient,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -308,6 +310,15 @@ impl Collector for CacheSources {
                         .encode(family.encode_family(&EvictionLabel { kind, cause })?)?;
                 }
             }
+        }
+        {
+            let family = encoder.encode_descriptor(
+                "otlp_export_failures",
+                "Trace exports that failed (collector down, slow or refusing); their spans are dropped",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(self.otlp.failures()).encode(family)?;
         }
         {
             let mut family = encoder.encode_descriptor(

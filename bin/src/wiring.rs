@@ -24,6 +24,14 @@ pub(crate) type Bundles =
 /// The mount service the gRPC server calls.
 pub(crate) type Mount = OciMount<Principals, Bundles>;
 
+/// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
+/// which this module binds to the transport.
+#[derive(Debug, Default)]
+pub struct Traces {
+    pub(crate) endpoint: Option<String>,
+    pub(crate) client: crate::otel::OtlpClient,
+}
+
 /// Everything a running provider holds.
 pub(crate) struct Stack {
     /// The CSI gRPC service, ready to serve.
@@ -154,6 +162,7 @@ pub(crate) fn build(
     config: &Config,
     env: &BTreeMap<String, String>,
     clock: SharedClock,
+    traces: &Traces,
 ) -> anyhow::Result<Stack> {
     let e = &config.endpoints;
     let u = &config.upstream;
@@ -187,6 +196,15 @@ pub(crate) fn build(
         transport_config =
             transport_config.allow_plain_http(authority(metadata, "endpoints.instance_metadata")?);
     }
+    // The trace collector: plain http to it alone; its own CA when configured.
+    if let Some(url) = &traces.endpoint {
+        let collector = authority(url, "telemetry.otlp_endpoint")?;
+        if url.starts_with("http://") {
+            transport_config = transport_config.allow_plain_http(collector);
+        } else if let Some(ca) = &config.telemetry.otlp_ca_file {
+            transport_config = transport_config.trust_only(collector, ca.clone());
+        }
+    }
     // Every exchange is timed by host class for /metrics.
     let mut classes = crate::metrics::HostClasses::default();
     let mut name = |url: Option<&str>, class: &'static str| {
@@ -207,6 +225,7 @@ pub(crate) fn build(
         "federation",
     );
     name(Some(metadata), "imds");
+    name(traces.endpoint.as_deref(), "otlp");
     name(principals_config.proxymux_url().as_deref(), "proxymux");
     if let Ok(Some((url, _))) = principals_config.kubernetes_target() {
         name(Some(&url), "kubernetes");
@@ -214,6 +233,7 @@ pub(crate) fn build(
     let timings = Arc::new(crate::metrics::UpstreamTimings::new(classes));
     transport_config.observer = Some(timings.clone());
     let transport = Transport::new(transport_config)?;
+    traces.client.bind(transport.service());
 
     // 2. Identities, and requests signed as them, over the transport.
     let principals = Principals::new(principals_config, transport.service(), clock.clone())
@@ -269,6 +289,7 @@ pub(crate) fn build(
         served,
         timings,
         retries,
+        otlp: traces.client.clone(),
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),

@@ -5,6 +5,7 @@
 mod check;
 mod e2e;
 mod process;
+mod traces;
 
 use csi_grpc::proto::{MountRequest, VersionRequest};
 use process::{Provider, http_get};

@@ -320,14 +320,31 @@ where
         }
         // One span per mount; the mount service records `upstream_calls` in it, and the
         // line below is logged in it (pod, result code, duration, files, upstream calls).
+        // OpenTelemetry RPC conventions (`rpc.*`); exported as the root span of a mount.
         let span = tracing::info_span!(
             "mount",
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = "v1alpha1.CSIDriverProvider",
+            rpc.method = "Mount",
+            rpc.grpc.status_code = tracing::field::Empty,
             pod.namespace = tracing::field::Empty,
             pod.name = tracing::field::Empty,
             spc = tracing::field::Empty,
+            secrets = tracing::field::Empty,
             upstream_calls = tracing::field::Empty,
         );
         let result = CsiProvider::mount(self, request, &span).await;
+        span.record(
+            "rpc.grpc.status_code",
+            match &result {
+                Ok(_) => 0,
+                Err(err) => err.kind().code() as i32,
+            },
+        );
+        if let Ok(response) = &result {
+            span.record("secrets", response.files.len());
+        }
         let _entered = span.enter();
         if let Some(observer) = &self.observer {
             observer.mount_finished(

@@ -173,12 +173,17 @@ where
                 .collect(),
             deadline: request.deadline,
         };
-        let established = self
-            .auth
-            .clone()
-            .oneshot(identity_request)
-            .await
-            .map_err(auth_error)?;
+        let principal = match &params.auth {
+            AuthSpec::User { .. } => "user",
+            AuthSpec::Instance => "instance",
+            AuthSpec::Workload => "workload",
+        };
+        let established = tracing::Instrument::instrument(
+            self.auth.clone().oneshot(identity_request),
+            tracing::info_span!("establish identity", principal),
+        )
+        .await
+        .map_err(auth_error)?;
         let targets = self.targets(&params, &established)?;
         // The reservations are held until the answer is assembled and handed on.
         let (bundles, _reservations) = self
@@ -290,7 +295,18 @@ where
                 let vault = self.vault.clone();
                 let permits = permits.clone();
                 let budget = budget.clone();
-                async move {
+                let span = tracing::info_span!(
+                    "fetch secret",
+                    entry = index,
+                    secret = %spec.source.display(),
+                    region = tracing::field::Empty,
+                    lookup = tracing::field::Empty,
+                    oci.request_id = tracing::field::Empty,
+                    error.kind = tracing::field::Empty,
+                );
+                let fetch_span = span.clone();
+                tracing::Instrument::instrument(async move {
+                    let span = fetch_span;
                     let _permit = permits.acquire_owned().await;
                     let mut reservation = match &budget {
                         Some(budget) => match budget.try_reserve(reserve) {
@@ -310,6 +326,7 @@ where
                                 error = %chain(&err),
                                 "the primary region failed; reading the failover region"
                             );
+                            span.record("region", "failover");
                             let answer = vault.oneshot(again).await;
                             if answer.is_ok() {
                                 stats.failover.fetch_add(1, Ordering::Relaxed);
@@ -318,6 +335,7 @@ where
                             answer
                         }
                         answer => {
+                            span.record("region", "primary");
                             if answer.is_ok() {
                                 stats.primary.fetch_add(1, Ordering::Relaxed);
                             }
@@ -327,14 +345,24 @@ where
                     match answer {
                         Ok(answer) => {
                             let (bundle, lookup) = answer.into_parts();
+                            span.record("lookup", lookup.as_str());
+                            if let Some(id) = &bundle.opc_request_id {
+                                span.record("oci.request_id", id.as_str());
+                            }
                             if let Some(r) = &mut reservation {
                                 r.shrink_to(bundle.content.len());
                             }
                             (index, Fetched::Bundle(bundle, lookup, reservation))
                         }
-                        Err(err) => (index, Fetched::Failed(err)),
+                        Err(err) => {
+                            span.record("error.kind", vault_kind(&err).as_str());
+                            if let Some(id) = err.opc_request_id() {
+                                span.record("oci.request_id", id);
+                            }
+                            (index, Fetched::Failed(err))
+                        }
                     }
-                }
+                }, span)
             })
             .collect();
         let mut bundles: Vec<Option<vault::SecretBundle>> =

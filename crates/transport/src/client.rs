@@ -121,6 +121,8 @@ impl Transport {
         })?;
         let config = &self.inner.config;
         self.inner.stats.request(&authority);
+        let request_untraced = request.extensions().get::<Untraced>().is_some();
+        let method = request.method().clone();
         let mut deadline = Instant::now() + config.request_timeout;
         if let Some(Deadline(requested)) = request.extensions().get::<Deadline>() {
             deadline = deadline.min(*requested);
@@ -167,14 +169,40 @@ impl Transport {
             })?;
             Ok(Response::from_parts(parts, body.to_bytes()))
         };
+        // A client span per exchange (method, host, status; never headers), except for the
+        // trace exporter's own requests, which would otherwise trace themselves.
+        let span = if request_untraced {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(
+                "upstream request",
+                otel.kind = "client",
+                http.request.method = %method,
+                server.address = %authority,
+                http.response.status_code = tracing::field::Empty,
+                error.type = tracing::field::Empty,
+            )
+        };
         let started = Instant::now();
-        let result = match tokio::time::timeout_at(deadline, exchange).await {
+        let timed = tracing::Instrument::instrument(
+            tokio::time::timeout_at(deadline, exchange),
+            span.clone(),
+        );
+        let result = match timed.await {
             Ok(result) => result,
             Err(_) => Err(TransportError::Timeout {
                 authority: authority.clone(),
                 after: budget,
             }),
         };
+        match &result {
+            Ok(response) => {
+                span.record("http.response.status_code", response.status().as_u16());
+            }
+            Err(err) => {
+                span.record("error.type", format!("{:?}", err.kind()).as_str());
+            }
+        }
         if let Some(observer) = &config.observer {
             let outcome = match &result {
                 Ok(response) => crate::Outcome::Status(response.status().as_u16()),
@@ -185,6 +213,11 @@ impl Transport {
         result
     }
 }
+
+/// Put in a request's extensions to send it without a trace span (the trace exporter's
+/// own requests).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Untraced;
 
 /// Why the transport could not be built (a CA file or the platform roots).
 #[derive(Debug, thiserror::Error)]

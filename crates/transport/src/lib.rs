@@ -29,7 +29,7 @@ mod error;
 mod stats;
 mod tls;
 
-pub use client::{Deadline, HttpService, MaxBodyBytes, Transport, TransportBuildError};
+pub use client::{Deadline, HttpService, MaxBodyBytes, Transport, TransportBuildError, Untraced};
 pub use config::{Proxy, TransportConfig};
 pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
