@@ -17,6 +17,7 @@ use crate::process::Provider;
 
 const VAULT: &str = "ocid1.vault.oc1.iad.traces";
 const CONTENT: &str = "traced-secret-never-exported";
+const INSTANCE_TENANCY: &str = "ocid1.tenancy.oc1..tracesinstance";
 
 /// Collects the bodies POSTed to it, answering 200.
 async fn receiver() -> (u16, Arc<Mutex<Vec<Bytes>>>) {
@@ -76,14 +77,14 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 }
 
 async fn emulator() -> Emulator {
-    let seed = Seed::default()
-        .vault(VAULT)
-        .service_account("app", "web")
-        .secret(
-            SecretSeed::new("ocid1.vaultsecret.oc1.iad.traced", VAULT, "db")
-                .version(1, CONTENT, &["CURRENT"])
-                .allow_workload("app", "web"),
-        );
+    let mut seed = Seed::default();
+    seed.instance.tenancy = INSTANCE_TENANCY.into();
+    let seed = seed.vault(VAULT).service_account("app", "web").secret(
+        SecretSeed::new("ocid1.vaultsecret.oc1.iad.traced", VAULT, "db")
+            .version(1, CONTENT, &["CURRENT"])
+            .allow_workload("app", "web")
+            .allow_instance_tenancy(INSTANCE_TENANCY),
+    );
     Emulator::start(seed, Arc::new(SystemClock)).await.unwrap()
 }
 

@@ -67,7 +67,7 @@ impl Transport {
         let connector = Connector::new(
             oci,
             dedicated,
-            config.plain_http_authority.clone(),
+            config.plain_http_authorities.clone(),
             config.proxy.clone(),
             config.max_connections_per_host,
             config.connect_timeout,

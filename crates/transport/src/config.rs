@@ -30,8 +30,9 @@ pub struct TransportConfig {
     /// Authorities (`host:port`) that trust only their own CA file and bypass the proxy:
     /// the proxymux and the Kubernetes API.
     pub dedicated_trust: Vec<(String, PathBuf)>,
-    /// The one authority allowed plain `http://` (instance metadata); bypasses the proxy.
-    pub plain_http_authority: Option<String>,
+    /// The authorities allowed plain `http://` (instance metadata, a trace collector given
+    /// as `http://`); they bypass the proxy.
+    pub plain_http_authorities: Vec<String>,
     /// An `HTTPS_PROXY` for OCI hosts.
     pub proxy: Option<Proxy>,
 }
@@ -50,7 +51,7 @@ impl Default for TransportConfig {
             ssl_cert_file: None,
             oci_ca_files: Vec::new(),
             dedicated_trust: Vec::new(),
-            plain_http_authority: None,
+            plain_http_authorities: Vec::new(),
             proxy: None,
         }
     }
@@ -64,9 +65,9 @@ impl TransportConfig {
         self
     }
 
-    /// Allows plain HTTP to `authority` (`host:port`), and never proxies it.
+    /// Allows plain HTTP to `authority` (`host:port`) too, and never proxies it.
     pub fn allow_plain_http(mut self, authority: impl Into<String>) -> Self {
-        self.plain_http_authority = Some(authority.into());
+        self.plain_http_authorities.push(authority.into());
         self
     }
 }

@@ -111,7 +111,7 @@ pub(crate) struct Connector {
     tcp: HttpConnector,
     oci: Arc<ClientConfig>,
     dedicated: Arc<HashMap<String, Arc<ClientConfig>>>,
-    plain_http: Option<String>,
+    plain_http: Vec<String>,
     proxy: Option<Arc<Proxy>>,
     permits: Permits,
     stats: Stats,
@@ -123,7 +123,7 @@ impl Connector {
     pub(crate) fn new(
         oci: Arc<ClientConfig>,
         dedicated: HashMap<String, Arc<ClientConfig>>,
-        plain_http: Option<String>,
+        plain_http: Vec<String>,
         proxy: Option<Proxy>,
         max_connections_per_host: usize,
         connect_timeout: Duration,
@@ -149,9 +149,10 @@ impl Connector {
 
     fn route(&self, uri: &Uri, authority: &str) -> Result<Route, BoxError> {
         match uri.scheme_str() {
-            Some("http") if self.plain_http.as_deref() == Some(authority) => Ok(Route::Plain),
+            Some("http") if self.plain_http.iter().any(|a| a == authority) => Ok(Route::Plain),
             Some("http") => Err(format!(
-                "refusing plain http to {authority}: only the instance metadata endpoint may use http://"
+                "refusing plain http to {authority}: only the instance metadata endpoint (and a \
+                 trace collector configured as http://) may use http://"
             )
             .into()),
             Some("https") => Ok(match self.dedicated.get(authority) {
@@ -161,7 +162,7 @@ impl Connector {
                 },
                 None => Route::Tls {
                     config: self.oci.clone(),
-                    proxy: self.plain_http.as_deref() != Some(authority)
+                    proxy: !self.plain_http.iter().any(|a| a == authority)
                         && self
                             .proxy
                             .as_ref()

@@ -143,6 +143,20 @@ async fn plain_http_only_to_the_instance_metadata_authority() {
         .await
         .unwrap_err();
     assert!(format!("{err:?}").contains("plain http"), "{err:?}");
+
+    // A second plain-HTTP authority (a trace collector) does not replace the first.
+    let transport = Transport::new(
+        config(&emu)
+            .allow_plain_http(authority(&emu, Endpoint::Imds))
+            .allow_plain_http("127.0.0.1:4318"),
+    )
+    .unwrap();
+    let response = transport
+        .service()
+        .oneshot(request(format!("{imds}/instance/region")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
