@@ -171,10 +171,16 @@ pub struct ServerConfig {
     pub metrics_port: u16,
     /// Metrics exporter; only `prometheus` is supported.
     pub metrics_backend: String,
-    /// Accepted for compatibility with the Go provider's flags; not supported.
+    /// Serve the debug server (CPU and heap profiles, `/debug/stats`); the Go provider's
+    /// `--enable-pprof`. Off by default.
     pub enable_pprof: bool,
-    /// Accepted for compatibility with the Go provider's flags; not used.
+    /// Port of the debug server (`--pprof-port`).
     pub pprof_port: u16,
+    /// Address the debug server binds: a loopback address only (under `hostNetwork`,
+    /// 127.0.0.1 is the whole node's loopback).
+    pub pprof_address: std::net::IpAddr,
+    /// Longest CPU profile `/debug/pprof/profile?seconds=N` takes.
+    pub max_profile_seconds: u64,
     /// Mounts served at once; beyond it, `ResourceExhausted`.
     pub max_in_flight_mounts: usize,
     /// Upper bound of a mount's deadline in seconds (also the deadline when the driver
@@ -207,6 +213,8 @@ impl Default for ServerConfig {
             metrics_backend: "prometheus".into(),
             enable_pprof: false,
             pprof_port: 6060,
+            pprof_address: std::net::IpAddr::from([127, 0, 0, 1]),
+            max_profile_seconds: 60,
             max_in_flight_mounts: 64,
             mount_timeout_seconds: 60,
             shutdown_grace_seconds: 25,
@@ -343,6 +351,20 @@ impl Config {
             return Err(ConfigError(format!(
                 "server.metrics_backend (--metrics-backend): {:?} is not supported; use \"prometheus\"",
                 self.server.metrics_backend
+            )));
+        }
+        if !self.server.pprof_address.is_loopback() {
+            return Err(ConfigError(format!(
+                "server.pprof_address {}: the debug server (--enable-pprof) binds a loopback \
+                 address only (127.0.0.1 or ::1); profiles and /debug/stats are for someone \
+                 on the node, never the network",
+                self.server.pprof_address
+            )));
+        }
+        if self.server.max_profile_seconds == 0 || self.server.max_profile_seconds > 600 {
+            return Err(ConfigError(format!(
+                "server.max_profile_seconds {}: must be between 1 and 600",
+                self.server.max_profile_seconds
             )));
         }
         if self.server.max_in_flight_mounts == 0 {
@@ -762,6 +784,24 @@ mod tests {
                 vec![("OCI_PROVIDER_REGION", "us ashburn")],
                 None,
                 vec!["region", "spaces"],
+            ),
+            (
+                vec!["--enable-pprof"],
+                vec![("OCI_PROVIDER_SERVER__PPROF_ADDRESS", "0.0.0.0")],
+                None,
+                vec!["server.pprof_address 0.0.0.0", "loopback"],
+            ),
+            (
+                vec![],
+                vec![],
+                Some("[server]\npprof_address = \"10.0.0.7\"\n"),
+                vec!["server.pprof_address 10.0.0.7", "loopback"],
+            ),
+            (
+                vec![],
+                vec![("OCI_PROVIDER_SERVER__MAX_PROFILE_SECONDS", "0")],
+                None,
+                vec!["server.max_profile_seconds 0"],
             ),
         ];
         for (args, vars, file, fragments) in cases {

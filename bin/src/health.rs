@@ -27,6 +27,18 @@ pub(crate) enum Routes {
     Health(Arc<crate::ready::Readiness>),
     /// `/metrics`.
     Metrics(Arc<Metrics>),
+    /// `/debug/pprof/*` and `/debug/stats` (`--enable-pprof`).
+    Debug(Arc<crate::debug::Debug>),
+}
+
+impl Routes {
+    /// How long an answer may take.
+    fn answer_timeout(&self) -> Duration {
+        match self {
+            Routes::Debug(debug) => debug.answer_timeout(),
+            Routes::Health(_) | Routes::Metrics(_) => ANSWER_TIMEOUT,
+        }
+    }
 }
 
 pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -128,8 +140,12 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
     respond(status, content_type, body)
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn respond(
+    status: StatusCode,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     if let Ok(value) = http::HeaderValue::from_str(content_type) {
         response
@@ -179,6 +195,7 @@ pub(crate) async fn serve(
             continue;
         };
         let routes = routes.clone();
+        let answer_timeout = routes.answer_timeout();
         // A debug span per request (method, URI, status, latency; never headers), a bound
         // on each answer's time, and on the body.
         let service = ServiceBuilder::new()
@@ -194,7 +211,7 @@ pub(crate) async fn serve(
             )
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::SERVICE_UNAVAILABLE,
-                ANSWER_TIMEOUT,
+                answer_timeout,
             ))
             .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
             .service_fn(move |request: Request<_>| {
@@ -206,6 +223,11 @@ pub(crate) async fn serve(
                                 || request.method() == Method::HEAD =>
                         {
                             readyz(ready).await
+                        }
+                        (Routes::Debug(debug), path) if request.method() == Method::GET => {
+                            let (status, content_type, body) =
+                                debug.answer(path, request.uri().query()).await;
+                            respond(status, content_type, body)
                         }
                         _ => answer(&routes, &request),
                     };

@@ -3,11 +3,13 @@
 
 mod check;
 mod config;
+mod debug;
 mod endpoints;
 mod flags;
 mod health;
 mod metrics;
 mod otel;
+mod profile_proto;
 mod ready;
 mod telemetry;
 mod wiring;
@@ -61,7 +63,7 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
     let otlp = otel::OtlpClient::default();
     let provider = match traces
         .as_deref()
-        .map(|e| otel::provider(e, otlp.clone()))
+        .map(|e| otel::provider(e, otlp.clone(), &env))
         .transpose()
     {
         Ok(provider) => provider,
@@ -135,12 +137,6 @@ pub async fn run(
     traces: wiring::Traces,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if config.server.enable_pprof {
-        tracing::warn!(
-            pprof_port = config.server.pprof_port,
-            "--enable-pprof is accepted for compatibility but profiling is not supported; nothing listens on the pprof port"
-        );
-    }
     let endpoint = config.grpc_endpoint()?;
     let ready = Arc::new(ready::Readiness::new(endpoint.clone()));
     let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock), &traces)?;
@@ -160,6 +156,26 @@ pub async fn run(
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let http_limits = health::HttpLimits::from(&config.server);
+    // The debug server, on a loopback address only (checked when the configuration loaded).
+    let debug_task = if config.server.enable_pprof {
+        let addr = SocketAddr::new(config.server.pprof_address, config.server.pprof_port);
+        let listener = health::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for profiles (--enable-pprof, --pprof-port)")
+        })?;
+        tracing::warn!(
+            debug = %listener.local_addr().unwrap_or(addr),
+            "debug server listening (--enable-pprof): CPU and heap profiles, /debug/stats"
+        );
+        let debug = debug::Debug::new(stack.metrics.clone(), config.server.max_profile_seconds);
+        Some(tokio::spawn(health::serve(
+            listener,
+            health::Routes::Debug(Arc::new(debug)),
+            http_limits.clone(),
+            stop_rx.clone(),
+        )))
+    } else {
+        None
+    };
     let health_task = tokio::spawn(health::serve(
         health,
         health::Routes::Health(ready.clone()),
@@ -188,6 +204,9 @@ pub async fn run(
     let served = csi_grpc::serve(listener, provider, shutdown, grace).await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(health_task, metrics_task);
+    if let Some(debug_task) = debug_task {
+        let _ = debug_task.await;
+    }
     served.context("the gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())

@@ -39,6 +39,19 @@ pub(crate) struct Metrics {
     in_flight: Gauge,
     alive_tasks: Gauge,
     shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// What `/debug/stats` reads (the same sources as the collectors).
+    pub(crate) sources: StatsSources,
+}
+
+/// Handles to the live state `/debug/stats` reports: never a token or a secret value,
+/// only counts.
+#[derive(Clone, Debug)]
+pub(crate) struct StatsSources {
+    pub(crate) transport: transport::Transport,
+    pub(crate) bundles: cache::Cache<vault::BundleKey, vault::SecretBundle>,
+    pub(crate) principals: auth::Principals,
+    pub(crate) budget: provider::ByteBudget,
+    pub(crate) in_flight: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -319,6 +332,14 @@ impl Collector for CacheSources {
                 MetricType::Counter,
             )?;
             ConstCounter::new(self.otlp.failures()).encode(family)?;
+            let family = encoder.encode_descriptor(
+                "otlp_spans_dropped",
+                "Finished spans dropped because the export queue was full \
+                 (OTEL_BSP_MAX_QUEUE_SIZE); mounts never wait for the collector",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(self.otlp.dropped()).encode(family)?;
         }
         {
             let mut family = encoder.encode_descriptor(
@@ -451,6 +472,7 @@ impl Metrics {
         let mut root = Registry::default();
         root.register_collector(Box::new(ProcessCollector::default()));
         let registry = root.sub_registry_with_prefix("oci_provider");
+        let in_flight = Gauge::default();
         let mounts = Family::<CodeLabel, Counter>::default();
         registry.register("mounts", "Mounts answered, by gRPC outcome", mounts.clone());
         let duration = Histogram::new([
@@ -461,11 +483,17 @@ impl Metrics {
             "Time to answer a mount",
             duration.clone(),
         );
-        let in_flight = Gauge::default();
         registry.register("mounts_in_flight", "Mounts being served", in_flight.clone());
         let build = Family::<VersionLabel, Gauge>::default();
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
+        let sources = StatsSources {
+            transport: transport.clone(),
+            bundles: caches.bundles.clone(),
+            principals: caches.principals.clone(),
+            budget: budget.clone(),
+            in_flight: in_flight.clone(),
+        };
         registry.register_collector(Box::new(UpstreamCollector(transport)));
         let shed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         registry.register_collector(Box::new(BudgetCollector(budget, shed.clone())));
@@ -484,6 +512,7 @@ impl Metrics {
         Self {
             shed,
             alive_tasks,
+            sources,
             registry: Mutex::new(root),
             mounts,
             duration,

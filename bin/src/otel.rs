@@ -53,6 +53,7 @@ pub(crate) fn traces_endpoint(
 pub(crate) struct OtlpClient {
     bound: Arc<OnceLock<(transport::HttpService, tokio::runtime::Handle)>>,
     failures: Arc<AtomicU64>,
+    queue: Arc<Queue>,
 }
 
 impl OtlpClient {
@@ -66,6 +67,11 @@ impl OtlpClient {
     /// Export requests that failed (each drops its batch of spans).
     pub(crate) fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Finished spans dropped because the export queue was full (collector slow or down).
+    pub(crate) fn dropped(&self) -> u64 {
+        self.queue.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -97,25 +103,145 @@ impl HttpClient for OtlpClient {
     }
 }
 
-/// The tracer provider: a batch exporter (bounded queue of 2048 spans, dropping beyond)
-/// over `client`. Service name and resource from `OTEL_SERVICE_NAME` and
-/// `OTEL_RESOURCE_ATTRIBUTES`, sampler from `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK reads them).
+/// Spans waiting for export at most (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048); beyond it a
+/// finished span is dropped and counted, and the mount goes on.
+fn queue_bound(env: &BTreeMap<String, String>) -> usize {
+    env.get("OTEL_BSP_MAX_QUEUE_SIZE")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(2048)
+}
+
+/// Finished spans waiting for export (handed to the batch processor, not yet to the
+/// exporter) and spans dropped because too many were waiting.
+#[derive(Debug, Default)]
+struct Queue {
+    pending: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Bounds the spans the SDK's batch processor holds and counts those dropped beyond the
+/// bound: the SDK drops silently (its counter is private), so the bound is kept here and
+/// the SDK's own queue is made larger than it, so that only this one ever drops.
+#[derive(Debug)]
+struct BoundedProcessor {
+    inner: opentelemetry_sdk::trace::BatchSpanProcessor,
+    queue: Arc<Queue>,
+    bound: u64,
+}
+
+impl opentelemetry_sdk::trace::SpanProcessor for BoundedProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: opentelemetry_sdk::trace::SpanData) {
+        let admitted = self
+            .queue
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.bound).then_some(n + 1)
+            });
+        if admitted.is_err() {
+            self.queue.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, telling the queue when spans leave it.
+#[derive(Debug)]
+struct CountingExporter {
+    inner: opentelemetry_otlp::SpanExporter,
+    queue: Arc<Queue>,
+}
+
+impl opentelemetry_sdk::trace::SpanExporter for CountingExporter {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let n = batch.len() as u64;
+        let _ = self
+            .queue
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                Some(p.saturating_sub(n))
+            });
+        self.inner.export(batch)
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The tracer provider: a batch exporter over `client` whose queue is bounded (dropping
+/// and counting beyond it, in [`OtlpClient::dropped`]). Service name and resource from
+/// `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`, sampler from
+/// `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK reads them).
 pub(crate) fn provider(
     endpoint: &str,
     client: OtlpClient,
+    env: &BTreeMap<String, String>,
 ) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    let queue = client.queue.clone();
+    let inner = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(client)
         .with_endpoint(endpoint)
         .build()
         .map_err(|e| anyhow::anyhow!("cannot set up the OTLP exporter: {e}"))?;
+    let bound = queue_bound(env);
+    let exporter = CountingExporter {
+        inner,
+        queue: queue.clone(),
+    };
+    // The SDK's queue holds at most the spans pending here: twice the bound never fills.
+    let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_max_queue_size(bound.saturating_mul(2))
+        .build();
+    let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build();
+    let processor = BoundedProcessor {
+        inner: batch,
+        queue,
+        bound: bound as u64,
+    };
     let mut resource = opentelemetry_sdk::Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name(crate::RUNTIME_NAME);
     }
     Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(processor)
         .with_resource(resource.build())
         .build())
 }

@@ -3,6 +3,7 @@
 #![allow(unreachable_pub, missing_debug_implementations)]
 
 mod check;
+mod debug;
 mod e2e;
 mod process;
 mod traces;
@@ -41,10 +42,11 @@ fn valid_workload_attributes(extra: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
+    let pprof_port = format!("-pprof-port={}", process::free_port());
     let provider = Provider::start(
         &[
             "--enable-pprof=true",
-            "-pprof-port=6061",
+            &pprof_port,
             "--metrics-backend",
             "prometheus",
         ],
@@ -106,7 +108,7 @@ async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
     let output = provider.terminate().await;
     assert!(output.status.success(), "{output:?}");
     assert!(
-        output.stderr.contains("profiling is not supported"),
+        output.stderr.contains("debug server listening"),
         "{}",
         output.stderr
     );
@@ -213,6 +215,11 @@ async fn invalid_configuration_fails_at_start_naming_the_key_and_source() {
         ),
         (&["--no-such-flag"], &[], &["--no-such-flag"]),
         (&["--log-level=loud"], &[], &["log.level", "loud"]),
+        (
+            &["--enable-pprof"],
+            &[("OCI_PROVIDER_SERVER__PPROF_ADDRESS", "0.0.0.0")],
+            &["server.pprof_address 0.0.0.0", "loopback"],
+        ),
     ];
     for (args, vars, fragments) in cases {
         let output = Provider::spawn_at(&std::env::temp_dir().join("never.sock"), args, vars)

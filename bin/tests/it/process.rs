@@ -191,23 +191,29 @@ impl Provider {
 
 /// A minimal HTTP/1.0 GET on loopback: (status, body).
 pub async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let (status, body) = http_get_bytes(port, path).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// [`http_get`] with the body as bytes (profiles).
+pub async fn http_get_bytes(port: u16, path: &str) -> (u16, Vec<u8>) {
     let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return (0, String::new());
+        return (0, Vec::new());
     };
     let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() {
-        return (0, String::new());
+        return (0, Vec::new());
     }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response).await;
-    let status = response
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let Some(split) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return (0, Vec::new());
+    };
+    let head = String::from_utf8_lossy(&response[..split]);
+    let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    (status, response[split + 4..].to_vec())
 }

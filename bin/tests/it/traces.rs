@@ -257,3 +257,55 @@ async fn grpc_is_refused_as_the_otlp_protocol() {
         output.stderr
     );
 }
+
+#[tokio::test]
+async fn a_stalled_collector_fills_the_bounded_queue_and_the_drops_are_counted() {
+    let emu = emulator().await;
+    // Accepts connections and reads nothing: every export waits.
+    let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = stalled.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = stalled.accept().await {
+            open.push(stream);
+        }
+    });
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let config = emu.files().provider_config.to_str().unwrap().to_owned();
+    let provider = Provider::start(
+        &["--config", &config, "--otlp-endpoint", &endpoint],
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "20"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
+            ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", "0"),
+        ],
+    )
+    .await;
+    let mut client = provider.client().await;
+    for _ in 0..20 {
+        let response = client
+            .mount(request("- name: db\n"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.files[0].contents, CONTENT.as_bytes());
+    }
+    let metrics = provider.metrics().await;
+    let dropped: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("oci_provider_otlp_spans_dropped_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    // 20 mounts make at least 80 spans; at most 4 wait and one batch is being exported.
+    assert!(dropped >= 60.0, "{metrics}");
+    assert_eq!(
+        metrics
+            .lines()
+            .find(|l| l.starts_with("oci_provider_mounts_total{code=\"ok\"}"))
+            .and_then(|l| l.rsplit(' ').next()),
+        Some("20"),
+        "{metrics}"
+    );
+    assert!(provider.terminate().await.status.success());
+    held.abort();
+}
