@@ -16,6 +16,11 @@ pub(crate) fn root() -> PathBuf {
 
 /// Builds the provider and the emulator; returns the directory of the binaries.
 pub(crate) fn build(release: bool) -> anyhow::Result<PathBuf> {
+    build_with(release, &[])
+}
+
+/// [`build`] with cargo features of the provider (`jemalloc`).
+pub(crate) fn build_with(release: bool, features: &[&str]) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut command = std::process::Command::new(cargo);
     command.current_dir(root()).args([
@@ -31,6 +36,15 @@ pub(crate) fn build(release: bool) -> anyhow::Result<PathBuf> {
     ]);
     if release {
         command.arg("--release");
+    }
+    if !features.is_empty() {
+        command.arg("--features").arg(
+            features
+                .iter()
+                .map(|f| format!("oci-secrets-store-csi-driver-provider/{f}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     }
     let status = command.status().context("cannot run cargo build")?;
     if !status.success() {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use crate::procs::{Emulator, Provider, build, metric_sum, mount_request, root};
+use crate::procs::{Emulator, Provider, build_with, metric_sum, mount_request, root};
 
 const HELP: &str =
     "usage: cargo xtask soak [--mounts N] [--concurrency C] [--secrets K] [--identities I]
@@ -30,6 +30,10 @@ const HELP: &str =
                     the bundle cache fills and evicts (default 0: the 3 small secrets)
   --secret-bytes B  size of each distinct secret (default 4096)
   --ttl SECONDS     cache.bundle_ttl_seconds of the provider (default: its default, 30)
+  --jemalloc        build the provider with jemalloc as its allocator (feature `jemalloc`)
+  --provider-env K=V
+                    an environment variable of the provider (repeatable), e.g.
+                    _RJEM_MALLOC_CONF=prof:true,prof_active:true,lg_prof_sample:19
 ";
 
 #[derive(Debug)]
@@ -45,6 +49,8 @@ struct Options {
     distinct_secrets: usize,
     secret_bytes: usize,
     ttl: Option<usize>,
+    jemalloc: bool,
+    provider_env: Vec<(String, String)>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -60,6 +66,8 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         distinct_secrets: 0,
         secret_bytes: 4096,
         ttl: None,
+        jemalloc: false,
+        provider_env: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -81,6 +89,12 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
             "--distinct-secrets" => o.distinct_secrets = value("--distinct-secrets")?,
             "--secret-bytes" => o.secret_bytes = value("--secret-bytes")?.clamp(1, 24 * 1024),
             "--ttl" => o.ttl = Some(value("--ttl")?),
+            "--jemalloc" => o.jemalloc = true,
+            "--provider-env" => {
+                let pair = it.next().context("--provider-env needs K=V")?;
+                let (k, v) = pair.split_once('=').context("--provider-env needs K=V")?;
+                o.provider_env.push((k.to_owned(), v.to_owned()));
+            }
             "-h" | "--help" => {
                 eprint!("{HELP}");
                 return Ok(None);
@@ -98,7 +112,8 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let Some(options) = parse(args)? else {
         return Ok(());
     };
-    let bin = build(options.release)?;
+    let features: &[&str] = if options.jemalloc { &["jemalloc"] } else { &[] };
+    let bin = build_with(options.release, features)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -254,6 +269,9 @@ async fn soak(bin: &Path, options: &Options) -> anyhow::Result<()> {
     let mut env = vec![("OCI_PROVIDER_LOG__LEVEL", "warn")];
     if let Some(ttl) = &ttl {
         env.push(("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", ttl.as_str()));
+    }
+    for (k, v) in &options.provider_env {
+        env.push((k.as_str(), v.as_str()));
     }
     let provider = Provider::start(bin, &emulator.config, &dir, &env).await?;
     let result = measure(&provider, options).await;

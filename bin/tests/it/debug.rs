@@ -49,7 +49,12 @@ async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles()
     for kind in ["user", "rpst", "instance"] {
         assert_eq!(stats["credentials_cached"][kind]["entries"], 0, "{stats}");
     }
-    assert_eq!(stats["allocator"], "system");
+    let allocator = if cfg!(feature = "jemalloc") {
+        "jemalloc"
+    } else {
+        "system"
+    };
+    assert_eq!(stats["allocator"], allocator);
 
     // A CPU profile while mounts keep the process busy; a second one at the same time is
     // refused, and bad durations are named.
@@ -78,10 +83,16 @@ async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles()
         assert!(body.contains("from 1 to 5"), "{bad}: {body}");
     }
 
-    // This build uses the system allocator: the heap profile says how to get one.
+    // Without the jemalloc feature the heap profile says how to get one; with it but
+    // without _RJEM_MALLOC_CONF, how to turn jemalloc's profiler on.
     let (code, body) = http_get(port, "/debug/pprof/heap").await;
-    assert_eq!(code, 501, "{body}");
-    assert!(body.contains("--features jemalloc"), "{body}");
+    if cfg!(feature = "jemalloc") {
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("_RJEM_MALLOC_CONF=prof:true"), "{body}");
+    } else {
+        assert_eq!(code, 501, "{body}");
+        assert!(body.contains("--features jemalloc"), "{body}");
+    }
     let (code, body) = http_get(port, "/debug/pprof/").await;
     assert_eq!(code, 200);
     assert!(body.contains("/debug/stats"), "{body}");
@@ -93,4 +104,33 @@ async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles()
         "{}",
         output.stderr
     );
+}
+
+/// With the `jemalloc` feature (`.ci/run` runs this test so) and jemalloc's profiler on,
+/// `/debug/pprof/heap` is a heap profile `go tool pprof` reads.
+#[cfg(feature = "jemalloc")]
+#[tokio::test]
+async fn with_jemalloc_the_heap_profile_is_a_pprof_profile() {
+    let port = free_port();
+    let port_flag = format!("--pprof-port={port}");
+    let provider = Provider::start(
+        &["--enable-pprof", &port_flag],
+        &[(
+            "_RJEM_MALLOC_CONF",
+            "prof:true,prof_active:true,lg_prof_sample:12",
+        )],
+    )
+    .await;
+    let mut client = provider.client().await;
+    for _ in 0..200 {
+        let _ = client
+            .mount(mount_request(valid_workload_attributes(json!({}))))
+            .await;
+    }
+    let (code, bytes) = http_get_bytes(port, "/debug/pprof/heap").await;
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&bytes));
+    let raw = go_pprof_raw(&bytes);
+    assert!(raw.contains("PeriodType: space bytes"), "{raw}");
+    assert!(raw.contains("Samples:"), "{raw}");
+    assert!(provider.terminate().await.status.success());
 }
