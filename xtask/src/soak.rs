@@ -346,6 +346,9 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     all.sort_unstable();
     let after = provider.metrics().await?;
+    // The last scrape, for reading every family after a run (and for notes).
+    let scrape = root().join("target").join("soak").join("metrics.txt");
+    std::fs::write(&scrape, &after)?;
     let requests = metric_sum(&after, "oci_provider_upstream_requests_total") - requests_before;
     let kib_per_1000 = slope(&points) * 1000.0;
     let growth =
