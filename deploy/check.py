@@ -1,27 +1,66 @@
 #!/usr/bin/env python3
-"""Lints and renders the Helm chart, validates every manifest against the Kubernetes
-schemas offline, and checks that deploy/provider.yaml is the chart rendered with its
-defaults (`python3 deploy/check.py --write` regenerates it).
+"""The chart's tests, with the real Helm engine (helm-python-sdk) and the Kubernetes schemas
+offline (kubernetes-validate).
 
+- `helm lint --strict` for two Kubernetes minor versions, with the defaults and with the
+  Go chart's default values file;
+- renders: defaults; each auth type alone; a digest pin; the Go chart's own default values
+  (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
+  (deploy/tests/every-value.yaml); the driver left out — each validated against the
+  Kubernetes schemas of both versions and checked for what it must contain;
+- values.schema.json refuses misspelt names and wrong types, the templates refuse a
+  socket directory the driver does not scan and a memory limit nothing fits in;
+- deploy/provider.yaml is the default rendering without the driver, and
+  deploy/tests/rendered-args.json the provider container's args and env of the default and
+  Go-values renderings (the provider's own tests parse them with its real flag and config
+  code); the vendored driver chart matches Chart.lock.
+
+`python3 deploy/check.py --write` regenerates the two generated files.
 Needs: pip install helm-python-sdk kubernetes-validate pyyaml
 """
+import json
 import pathlib
 import sys
+import tarfile
 
 import helm_python
 import kubernetes_validate
 import yaml
 
+from vendor_driver_chart import hash_req, requirements
+
 HERE = pathlib.Path(__file__).resolve().parent
 CHART = HERE / "helm" / "oci-secrets-store-csi-driver-provider"
+TESTS = HERE / "tests"
 PLAIN = HERE / "provider.yaml"
-KUBE_VERSION = "1.30.0"
+ARGS = TESTS / "rendered-args.json"
+# The driver chart 1.6 needs 1.30; 1.35 is where its CSIDriver gains serviceAccountTokenInSecrets.
+KUBE_VERSIONS = ["1.30.0", "1.33.0", "1.35.0"]
 RELEASE, NAMESPACE = "oci-provider", "kube-system"
+PROVIDER = "oci-secrets-store-csi-driver-provider"
+MIB = 1024 * 1024
+
+failures = []
 
 
-def render(values):
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+    return condition
+
+
+def values_file(name):
+    # Helm's own YAML reading (0600 is 384 there, as for a user's `-f values.yaml`).
+    return helm_python.values_from_yaml((TESTS / name).read_text())
+
+
+def render(values, kube_version=None):
+    # Chart.render has no kube_version; the native call it wraps takes Helm's option (what
+    # `helm template --kube-version` sets), which the driver chart's templates look at.
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "kube_version": "v" + (kube_version or KUBE_VERSIONS[0])}
     with helm_python.Chart.load(str(CHART)) as chart:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        rendered = json.loads(helm_python._native.call_string(
+            "helm_render", chart._raw(), json.dumps(values) if values is not None else None, json.dumps(opts)))
     docs = []
     for path in sorted(rendered):
         text = rendered[path]
@@ -33,84 +72,298 @@ def render(values):
     return docs
 
 
-def validate(docs, label):
-    for path, doc in docs:
-        try:
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            sys.exit(f"{label}: {path} {doc.get('kind')}: {e.message} at {list(e.path)}")
+def render_error(values):
+    """The error message of a rendering that must fail, or None when it renders."""
+    try:
+        render(values)
+    except helm_python.HelmError as e:
+        return str(e)
+    return None
 
 
-def plain(docs):
-    header = "# Generated from deploy/helm by `python3 deploy/check.py --write`; do not edit.\n"
-    return header + "".join("---\n" + yaml.safe_dump(doc, sort_keys=False) for _, doc in docs)
+def validated(values, label):
+    """Renders for each Kubernetes version and validates against its schemas; returns the
+    rendering for the oldest."""
+    for version in KUBE_VERSIONS:
+        for path, doc in render(values, version):
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.SchemaNotFoundError:
+                # A CRD's kind (the Prometheus operator's ServiceMonitor): checked by hand.
+                check(doc["kind"] == "ServiceMonitor", f"{label}: no schema for {doc['kind']} in {path}")
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"{label}: Kubernetes {version}: {path} {doc.get('kind')}: {e.message} at {list(e.path)}")
+    return render(values)
 
 
-MIB = 1024 * 1024
-UNITS = {"Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
+def find(docs, kind, name=None):
+    for _, doc in docs:
+        if doc["kind"] == kind and (name is None or doc["metadata"]["name"] == name):
+            return doc
+    return None
 
 
-def quantity(text):
-    for suffix, factor in UNITS.items():
-        if str(text).endswith(suffix):
-            return int(str(text)[: -len(suffix)]) * factor
-    return int(text)
+def ours(docs):
+    return [(p, d) for p, d in docs if not p.startswith(f"{PROVIDER}/charts/")]
+
+
+def provider_container(docs):
+    ds = find(docs, "DaemonSet", PROVIDER)
+    return ds["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def rbac_rules(docs):
+    return sorted((tuple(r["resources"]), tuple(r["verbs"])) for _, d in ours(docs) if d["kind"] == "ClusterRole" for r in d["rules"])
 
 
 def memory_model(docs, baseline_mib):
     """The memory model of ARCHITECTURE.md: baseline + 2 x max_in_flight_bytes + the
-    secret-bundle cache fits the container's memory limit with 10% to spare.
-    Returns a problem, or None."""
-    for _, doc in docs:
-        if doc["kind"] != "DaemonSet":
-            continue
-        container = doc["spec"]["template"]["spec"]["containers"][0]
-        limit = quantity(container["resources"]["limits"]["memory"])
-        env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        in_flight = int(env["OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"])
-        cache = int(env["OCI_PROVIDER_CACHE__BUNDLE_MAX_BYTES"])
-        need = baseline_mib * MIB + 2 * in_flight + cache
-        if need > limit * 0.9:
-            return (f"memory model: {baseline_mib} MiB baseline + 2 x {in_flight // MIB} MiB in flight "
-                    f"+ {cache // MIB} MiB cache = {need // MIB} MiB does not fit 90% of the "
-                    f"{limit // MIB} MiB limit")
-        return None
-    return "no DaemonSet rendered"
+    secret-bundle cache fits the container's memory limit with 10% to spare."""
+    container = provider_container(docs)
+    memory = str(container["resources"]["limits"]["memory"])
+    units = {"Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB, "M": 10**6, "G": 10**9}
+    limit = next((int(memory[: -len(u)]) * f for u, f in units.items() if memory.endswith(u)), None) or int(memory)
+    env = env_of(container)
+    in_flight = int(env["OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"])
+    cache = int(env["OCI_PROVIDER_CACHE__BUNDLE_MAX_BYTES"])
+    need = baseline_mib * MIB + 2 * in_flight + cache
+    if need > limit * 0.9:
+        return (f"memory model: {baseline_mib} MiB baseline + 2 x {in_flight / MIB:.0f} MiB in flight "
+                f"+ {cache // MIB} MiB cache = {need // MIB} MiB does not fit 90% of the {limit // MIB} MiB limit")
+    return None
+
+
+def lint():
+    for version in KUBE_VERSIONS:
+        for label, values in [("defaults", None), ("Go chart values", values_file("go-chart-values.yaml"))]:
+            report = helm_python.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v" + version)
+            problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
+            check(not problems, f"helm lint --strict ({label}, Kubernetes {version}): {problems}")
+
+
+def vendored_driver():
+    (req,) = requirements()
+    lock = yaml.safe_load((CHART / "Chart.lock").read_text())
+    check(lock["digest"] == hash_req([req], lock["dependencies"]), "Chart.lock is out of date with Chart.yaml: run deploy/vendor_driver_chart.py")
+    archive = CHART / "charts" / f"{req['name']}-{req['version']}.tgz"
+    if check(archive.exists(), f"{archive.relative_to(HERE.parent)} is missing: run deploy/vendor_driver_chart.py"):
+        with tarfile.open(archive) as tar:
+            meta = yaml.safe_load(tar.extractfile(f"{req['name']}/Chart.yaml"))
+        check(meta["version"] == req["version"], f"the vendored driver chart is {meta['version']}, Chart.yaml asks {req['version']}")
+    statuses = {d["name"]: d["status"] for d in helm_python.dependency_list(str(CHART))}
+    check(statuses.get(req["name"]) == "ok", f"helm dependency list: {statuses}")
+
+
+def defaults_and_auth():
+    defaults = validated(None, "defaults")
+    kinds = sorted(d["kind"] for _, d in ours(defaults))
+    check(kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"],
+          f"defaults render {kinds}")
+    check(find(defaults, "CSIDriver", "secrets-store.csi.k8s.io") is not None, "defaults: the driver's CSIDriver is missing")
+    check(find(defaults, "DaemonSet", f"{RELEASE}-secrets-store-csi-driver") is not None
+          or any(d["kind"] == "DaemonSet" and "secrets-store-csi-driver" in d["metadata"]["name"] and d["metadata"]["name"] != PROVIDER for _, d in defaults),
+          "defaults: the driver's DaemonSet is missing")
+    pod = find(defaults, "DaemonSet", PROVIDER)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    check(pod["priorityClassName"] == "system-node-critical", "defaults: priorityClassName")
+    check(pod["tolerations"] == [{"operator": "Exists"}], "defaults: tolerate every taint")
+    sc = container["securityContext"]
+    check(sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+          and sc["seccompProfile"]["type"] == "RuntimeDefault", f"defaults: securityContext {sc}")
+    check(container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]["httpGet"]["path"] == "/readyz",
+          "defaults: probes on /healthz and /readyz")
+    check("--enable-pprof=false" in container["args"], "defaults: profiling must be off")
+    check(container["image"].endswith(":0.1.0") or ":" in container["image"], "defaults: image by tag")
+    problem = memory_model(defaults, 24)
+    check(problem is None, f"defaults: {problem}")
+
+    def auth(instance, user, workload, token_request=True):
+        return {"provider": {"oci": {"auth": {"types": {
+            "instance": {"enabled": instance}, "user": {"enabled": user},
+            "workload": {"enabled": workload, "tokenRequest": token_request}}}}}}
+
+    token = (("serviceaccounts/token",), ("create",))
+    secrets = (("secrets",), ("get",))
+    cases = [
+        ("instance alone", auth(True, False, False), [], "false"),
+        ("user alone", auth(False, True, False), [secrets], "false"),
+        ("workload alone", auth(False, False, True), [token], "true"),
+        ("workload with driver tokens", auth(False, False, True, False), [], "false"),
+    ]
+    for label, values, rules, token_request in cases:
+        docs = validated(values, label)
+        check(rbac_rules(docs) == rules, f"{label}: RBAC rules {rbac_rules(docs)}, expected {rules}")
+        env = env_of(provider_container(docs))
+        check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == token_request, f"{label}: token_request {env}")
+        check(("OCI_RESOURCE_PRINCIPAL_REGION" in env) == values["provider"]["oci"]["auth"]["types"]["workload"]["enabled"],
+              f"{label}: OCI_RESOURCE_PRINCIPAL_* only with workload identity")
+    return defaults
+
+
+def digest_pin():
+    digest = "sha256:" + "ab" * 32
+    docs = validated({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}, "digest pin")
+    image = provider_container(docs)["image"]
+    check(image == f"registry.example.com/p@{digest}", f"digest pin: image {image}")
+    error = render_error({"provider": {"image": {"digest": "sha256:short"}}})
+    check(error is not None and "digest" in error, f"a malformed digest must fail the schema: {error}")
+
+
+def go_values():
+    values = values_file("go-chart-values.yaml")
+    check(values["provider"]["endpointPermissions"] == 384, "Helm reads the Go chart's 0600 as 384")
+    docs = validated(values, "Go chart values")
+    check(find(docs, "CSIDriver", "secrets-store.csi.k8s.io") is not None, "Go values: the driver's CSIDriver is missing")
+    driver_sets = [d for _, d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] != PROVIDER]
+    check(len(driver_sets) == 1 and "secrets-store-csi-driver" in driver_sets[0]["metadata"]["name"],
+          f"Go values: the driver's DaemonSet is missing ({[d['metadata']['name'] for d in driver_sets]})")
+    container = provider_container(docs)
+    for arg in ["--endpoint=unix:///opt/provider/sockets/oci.sock", "--endpoint-permissions=384", "--healthz-port=8098",
+                "--metrics-port=8198", "--metrics-backend=prometheus", "--enable-pprof=true", "--pprof-port=6060"]:
+        check(arg in container["args"], f"Go values: {arg} not in {container['args']}")
+    env = env_of(container)
+    check(env.get("OCI_RESOURCE_PRINCIPAL_VERSION") == "2.2" and env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "us-ashburn-1", f"Go values: env {env}")
+    check(container["resources"]["limits"] == {"cpu": "50m", "memory": "100Mi"}, f"Go values: resources {container['resources']}")
+    check(rbac_rules(docs) == [(("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))], f"Go values: RBAC {rbac_rules(docs)}")
+    # Same object names and selector as the Go chart: `helm upgrade` patches in place.
+    ds = find(docs, "DaemonSet", PROVIDER)
+    check(ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": PROVIDER}, "Go values: the Go chart's selector")
+    check(ds["spec"]["template"]["spec"]["serviceAccountName"] == f"{PROVIDER}-sa", "Go values: the Go chart's ServiceAccount name")
+    check({d["metadata"]["name"] for _, d in ours(docs) if d["kind"] == "ClusterRole"}
+          == {f"{PROVIDER}-cluster-role", f"{PROVIDER}-workload-identity-cluster-role"}, "Go values: the Go chart's ClusterRole names")
+    # The Go values' 100Mi limit: the in-flight budget is lowered to fit it.
+    problem = memory_model(docs, 24)
+    check(problem is None, f"Go values: {problem}")
+    in_flight = int(env["OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"]) // MIB
+    check(in_flight == 25, f"Go values: in-flight budget {in_flight} MiB, expected (90 - 24 - 16) / 2 = 25")
+    return docs
+
+
+def every_value():
+    values = values_file("every-value.yaml")
+    docs = validated(values, "every value")
+    ds = find(docs, "DaemonSet", PROVIDER)
+    pod = ds["spec"]["template"]["spec"]
+    meta = ds["spec"]["template"]["metadata"]
+    container = pod["containers"][0]
+    env = env_of(container)
+    p = values["provider"]
+    expect = {
+        "image": (container["image"], "registry.example.com/oci/provider:9.9.9"),
+        "pullPolicy": (container["imagePullPolicy"], "Always"),
+        "imagePullSecrets": (pod.get("imagePullSecrets"), [{"name": "regcred"}]),
+        "tolerations": (pod.get("tolerations"), p["tolerations"]),
+        "nodeSelector": (pod.get("nodeSelector"), p["nodeSelector"]),
+        "affinity": (pod.get("affinity"), p["affinity"]),
+        "priorityClassName": (pod.get("priorityClassName"), "high-priority"),
+        "podAnnotations": (meta["annotations"].get("example.com/team"), "platform"),
+        "podLabels": (meta["labels"].get("team"), "platform"),
+        "updateStrategy": (ds["spec"]["updateStrategy"], p["updateStrategy"]),
+        "terminationGracePeriodSeconds": (pod["terminationGracePeriodSeconds"], 45),
+        "livenessProbe": (container["livenessProbe"]["periodSeconds"], 20),
+        "readinessProbe": (container["readinessProbe"]["periodSeconds"], 7),
+        "securityContext": (container["securityContext"]["seccompProfile"], p["securityContext"]["seccompProfile"]),
+        "socketHostDir": (pod["volumes"][0]["hostPath"]["path"], "/etc/kubernetes/secrets-store-csi-providers"),
+        "extraVolumes": (pod["volumes"][-1], p["extraVolumes"][0]),
+        "extraVolumeMounts": (container["volumeMounts"][-1], p["extraVolumeMounts"][0]),
+        "endpointPermissions": ("--endpoint-permissions=0660" in container["args"], True),
+        "logFormat": ("--log-format=text" in container["args"], True),
+        "logLevel": ("--log-level=debug,oci_csi_auth=trace" in container["args"], True),
+        "config": ("--config=/etc/oci-provider/provider.toml" in container["args"]
+                   and "max_in_flight_mounts = 32" in find(docs, "ConfigMap")["data"]["provider.toml"], True),
+        "env": (env.get("OCI_PROVIDER_UPSTREAM__MAX_ATTEMPTS"), "3"),
+        "memory": (env.get("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_BYTES"), str(16 * MIB)),
+        "bundleCacheMiB": (env.get("OCI_PROVIDER_CACHE__BUNDLE_MAX_BYTES"), str(8 * MIB)),
+        "tokenRequest": (env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST"), "false"),
+        "resourcePrincipalRegion": (env.get("OCI_RESOURCE_PRINCIPAL_REGION"), "eu-frankfurt-1"),
+        "otlp.endpoint": (env.get("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://otel-collector.monitoring:4318"),
+        "otlp.caFile": (env.get("OCI_PROVIDER_TELEMETRY__OTLP_CA_FILE"), "/etc/otel/ca.crt"),
+        "otlp.serviceName": (env.get("OTEL_SERVICE_NAME"), "oci-provider-prod"),
+        "otlp.resourceAttributes": (env.get("OTEL_RESOURCE_ATTRIBUTES"), "deployment.environment=prod"),
+        "otlp.sampler": (env.get("OTEL_TRACES_SAMPLER"), "parentbased_traceidratio"),
+        "otlp.samplerArg": (env.get("OTEL_TRACES_SAMPLER_ARG"), "0.1"),
+        "serviceAccount.annotations": (find(docs, "ServiceAccount", f"{PROVIDER}-sa")["metadata"].get("annotations"), {"example.com/owner": "platform"}),
+    }
+    for name, (got, want) in expect.items():
+        check(got == want, f"every value: provider.{name} rendered {got!r}, expected {want!r}")
+    check(rbac_rules(docs) == [(("secrets",), ("get",))], f"every value: RBAC without TokenRequest {rbac_rules(docs)}")
+    monitor = find(docs, "ServiceMonitor")
+    check(monitor is not None and monitor["metadata"]["labels"].get("release") == "prometheus"
+          and monitor["spec"]["endpoints"][0] == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
+          f"every value: ServiceMonitor {monitor}")
+    service = find(docs, "Service", f"{PROVIDER}-metrics")
+    check(service is not None and service["spec"]["ports"][0]["targetPort"] == "metrics-port", f"every value: metrics Service {service}")
+    csidriver = find(docs, "CSIDriver", "secrets-store.csi.k8s.io")
+    check(csidriver["spec"].get("tokenRequests") == [{"audience": ""}] and csidriver["spec"]["requiresRepublish"] is True,
+          f"every value: the driver's CSIDriver {csidriver['spec']}")
+
+
+def without_driver():
+    docs = validated({"secrets-store-csi-driver": {"install": False}}, "without the driver")
+    check(all(not p.startswith(f"{PROVIDER}/charts/") for p, _ in docs), "install: false still renders the driver")
+    return docs
+
+
+def refusals():
+    cases = [
+        ({"provider": {"imag": {"tag": "1"}}}, "imag"),
+        ({"provider": {"oci": {"auth": {"types": {"workload": {"resourcePrincipalRegon": "x"}}}}}}, "resourcePrincipalRegon"),
+        ({"provider": {"enableProfiling": True}}, "enableProfiling"),
+        ({"secret-store-csi-driver": {"install": False}}, "secret-store-csi-driver"),
+        ({"provider": {"healthzPort": "8098x"}}, "healthzPort"),
+        ({"provider": {"endpoint": "tcp://0.0.0.0:1"}}, "endpoint"),
+    ]
+    for values, name in cases:
+        error = render_error(values)
+        check(error is not None and name in error, f"values {values} must fail naming {name!r}: {error}")
+    error = render_error({"provider": {"socketHostDir": "/srv/sockets"}})
+    check(error is not None and "linux.providersDir" in error, f"a socketHostDir the driver does not scan must fail: {error}")
+    error = render_error({"provider": {"resources": {"limits": {"memory": "32Mi"}}}})
+    check(error is not None and "limits.memory" in error, f"a memory limit nothing fits in must fail: {error}")
+
+
+def plain(docs):
+    header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`; do not edit.\n"
+              "# The chart's defaults without the driver (install it with its own chart or manifests).\n")
+    return header + "".join("---\n" + yaml.safe_dump(doc, sort_keys=False) for _, doc in docs)
+
+
+def args_file(renders):
+    out = {}
+    for label, docs in renders.items():
+        container = provider_container(docs)
+        out[label] = {"args": container["args"], "env": env_of(container)}
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+
+
+def generated(path, text, write):
+    if write:
+        path.write_text(text)
+    else:
+        check(path.exists() and path.read_text() == text,
+              f"{path.relative_to(HERE.parent)} is not what the chart renders: run python3 deploy/check.py --write")
 
 
 def main():
-    report = helm_python.lint(str(CHART), strict=True, namespace=NAMESPACE, kube_version="v" + KUBE_VERSION)
-    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
-    if problems:
-        sys.exit(f"helm lint: {problems}")
-    defaults = render(None)
-    validate(defaults, "defaults")
-    kinds = sorted(doc["kind"] for _, doc in defaults)
-    expected = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
-    if kinds != expected:
-        sys.exit(f"defaults render {kinds}, expected {expected}")
-    with_config = render({"provider": {"config": "[server]\nmax_in_flight_mounts = 32\n",
-                                       "env": [{"name": "OCI_PROVIDER_LOG__LEVEL", "value": "debug"}]}})
-    validate(with_config, "with config")
-    if "ConfigMap" not in [doc["kind"] for _, doc in with_config]:
-        sys.exit("a provider.config value must render a ConfigMap")
-    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["provider"]["memory"]["baselineMiB"]
-    problem = memory_model(defaults, baseline)
-    if problem:
-        sys.exit(problem)
-    # The check must catch a budget that does not fit.
-    greedy = render({"provider": {"memory": {"baselineMiB": 24, "maxInFlightMiB": 64}}})
-    if memory_model(greedy, baseline) is None:
-        sys.exit("memory model check passed a 64 MiB in-flight budget under a 128 MiB limit")
-    greedy_cache = render({"provider": {"memory": {"bundleCacheMiB": 64}}})
-    if memory_model(greedy_cache, baseline) is None:
-        sys.exit("memory model check passed a 64 MiB bundle cache under a 128 MiB limit")
-    text = plain(defaults)
-    if "--write" in sys.argv:
-        PLAIN.write_text(text)
-    elif not PLAIN.exists() or PLAIN.read_text() != text:
-        sys.exit("deploy/provider.yaml is not the chart's default rendering: run python3 deploy/check.py --write")
-    print(f"deploy: chart lints clean, {len(defaults)} + {len(with_config)} manifests valid for Kubernetes {KUBE_VERSION}, provider.yaml in sync")
+    write = "--write" in sys.argv
+    vendored_driver()
+    lint()
+    defaults = defaults_and_auth()
+    digest_pin()
+    go = go_values()
+    every_value()
+    plain_docs = without_driver()
+    refusals()
+    generated(PLAIN, plain(plain_docs), write)
+    generated(ARGS, args_file({"defaults": defaults, "go-chart-values": go}), write)
+    if failures:
+        sys.exit("deploy checks failed:\n  " + "\n  ".join(failures))
+    print(f"deploy: chart lints clean, every rendering valid for Kubernetes {' and '.join(KUBE_VERSIONS)}, "
+          f"Go values and every value render as expected, misspelt values refused, generated files in sync")
 
 
 if __name__ == "__main__":

@@ -678,6 +678,57 @@ mod tests {
         );
     }
 
+    /// The provider container's args and env as the chart renders them (with its defaults
+    /// and with the Go chart's default values file), kept in sync by `deploy/check.py`.
+    #[test]
+    fn the_charts_rendered_args_and_env_mean_what_the_values_say() {
+        let rendered: serde_json::Value =
+            serde_json::from_str(include_str!("../../deploy/tests/rendered-args.json")).unwrap();
+        let load = |label: &str| {
+            let container = &rendered[label];
+            let mut args = vec!["provider".to_owned()];
+            args.extend(
+                container["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_owned()),
+            );
+            let vars: BTreeMap<String, String> = container["env"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            Config::load(&Flags::parse_from_args(&args).unwrap(), &vars).unwrap()
+        };
+        for (label, pprof) in [("defaults", false), ("go-chart-values", true)] {
+            let config = load(label);
+            // endpointPermissions: 0600 reaches the flag as 384 and means 0600.
+            assert_eq!(
+                config.server.endpoint_permissions,
+                OctalMode(0o600),
+                "{label}"
+            );
+            assert_eq!(
+                config.server.endpoint,
+                "unix:///opt/provider/sockets/oci.sock"
+            );
+            assert_eq!(
+                (config.server.healthz_port, config.server.metrics_port),
+                (8098, 8198)
+            );
+            assert_eq!(config.server.enable_pprof, pprof, "{label}: enableProfile");
+            assert_eq!(config.server.pprof_port, 6060);
+            assert_eq!(config.region.as_deref(), Some("us-ashburn-1"), "{label}");
+            assert!(config.auth.token_request, "{label}");
+        }
+        // Our chart's budget, and the Go values' 100Mi limit lowering it to fit.
+        assert_eq!(load("defaults").server.max_in_flight_bytes, 32 << 20);
+        assert_eq!(load("go-chart-values").server.max_in_flight_bytes, 25 << 20);
+        assert_eq!(load("go-chart-values").cache.bundle_max_bytes, 16 << 20);
+    }
+
     #[test]
     fn sdk_variables_fill_the_endpoints() {
         let vars = env(&[

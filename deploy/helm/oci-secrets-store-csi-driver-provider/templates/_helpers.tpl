@@ -1,15 +1,83 @@
+{{/*
+Names are the Go chart's (the DaemonSet is the chart's name, the ServiceAccount
+"<name>-sa", the same selector), so `helm upgrade` from the Go chart to this one updates
+the objects in place instead of failing on an immutable selector.
+*/}}
 {{- define "oci-provider.name" -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Chart.Name | trunc 60 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "oci-provider.labels" -}}
-app.kubernetes.io/name: oci-secrets-store-csi-driver-provider
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- define "oci-provider.serviceAccount" -}}
+{{- printf "%s-sa" (include "oci-provider.name" .) -}}
 {{- end -}}
 
 {{- define "oci-provider.selector" -}}
-app.kubernetes.io/name: oci-secrets-store-csi-driver-provider
+app.kubernetes.io/name: {{ include "oci-provider.name" . }}
+{{- end -}}
+
+{{- define "oci-provider.labels" -}}
+{{ include "oci-provider.selector" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest is given. */}}
+{{- define "oci-provider.image" -}}
+{{- $image := .Values.provider.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The container directory of the socket named by provider.endpoint. */}}
+{{- define "oci-provider.socketDir" -}}
+{{- $endpoint := .Values.provider.endpoint -}}
+{{- if not (hasPrefix "unix://" $endpoint) -}}
+{{- fail (printf "provider.endpoint %q: the driver reaches providers over a Unix socket (unix:///dir/name.sock)" $endpoint) -}}
+{{- end -}}
+{{- dir (trimPrefix "unix://" $endpoint) -}}
+{{- end -}}
+
+{{/* Whether the provider may mint service-account tokens (RBAC and config agree). */}}
+{{- define "oci-provider.tokenRequest" -}}
+{{- $workload := .Values.provider.oci.auth.types.workload -}}
+{{- if and $workload.enabled $workload.tokenRequest -}}true{{- end -}}
+{{- end -}}
+
+{{/* resources.limits.memory in MiB (Ki, Mi, Gi, M, G or bytes); 0 when unset. */}}
+{{- define "oci-provider.limitMiB" -}}
+{{- $limit := "" -}}
+{{- with .Values.provider.resources.limits }}{{ $limit = toString (.memory | default "") }}{{ end -}}
+{{- if not $limit -}}0
+{{- else if hasSuffix "Gi" $limit -}}{{ mul (trimSuffix "Gi" $limit | int64) 1024 }}
+{{- else if hasSuffix "Mi" $limit -}}{{ trimSuffix "Mi" $limit | int64 }}
+{{- else if hasSuffix "Ki" $limit -}}{{ div (trimSuffix "Ki" $limit | int64) 1024 }}
+{{- else if hasSuffix "G" $limit -}}{{ div (mul (trimSuffix "G" $limit | int64) 1000000000) 1048576 }}
+{{- else if hasSuffix "M" $limit -}}{{ div (mul (trimSuffix "M" $limit | int64) 1000000) 1048576 }}
+{{- else -}}{{ div ($limit | int64) 1048576 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The in-flight byte budget in MiB: provider.memory.maxInFlightMiB, lowered so that the
+memory model (baseline + 2 x in flight + cache <= 90% of the limit) holds under the
+container's memory limit — a Go chart values file with its 100Mi limit gets a budget that
+fits instead of an OOM kill. Fails when not even 1 MiB fits.
+*/}}
+{{- define "oci-provider.inFlightMiB" -}}
+{{- $memory := .Values.provider.memory -}}
+{{- $want := $memory.maxInFlightMiB | int64 -}}
+{{- $limit := include "oci-provider.limitMiB" . | int64 -}}
+{{- if eq $limit 0 -}}{{ $want }}
+{{- else -}}
+{{- $room := div (sub (div (mul $limit 9) 10) (add $memory.baselineMiB $memory.bundleCacheMiB)) 2 -}}
+{{- if lt $room 1 -}}
+{{- fail (printf "provider.resources.limits.memory %s cannot hold provider.memory.baselineMiB %v + bundleCacheMiB %v + an in-flight budget within 90%%: raise the limit or lower the cache" (toString .Values.provider.resources.limits.memory) $memory.baselineMiB $memory.bundleCacheMiB) -}}
+{{- end -}}
+{{- min $want $room -}}
+{{- end -}}
 {{- end -}}
