@@ -19,6 +19,7 @@ offline (kubernetes-validate).
 Needs: pip install helm-python-sdk kubernetes-validate pyyaml
 """
 import json
+import re
 import pathlib
 import sys
 import tarfile
@@ -326,6 +327,29 @@ def refusals():
     check(error is not None and "limits.memory" in error, f"a memory limit nothing fits in must fail: {error}")
 
 
+def dockerfile():
+    """Every path the Dockerfile copies from the build context exists and is not excluded by
+    .dockerignore; every base image is pinned by digest (hadolint lints the rest in CI)."""
+    root = HERE.parent
+    text = (root / "Dockerfile").read_text().replace("\\\n", " ")
+    ignored = [line.strip() for line in (root / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    images = dict(re.findall(r"^ARG (\w+_IMAGE)=(\S+)", text, re.M))
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "FROM":
+            image = next(w for w in words[1:] if not w.startswith("--"))
+            image = images.get(image.strip("${}"), image)
+            check("@sha256:" in image and re.search(r"@sha256:[0-9a-f]{64}$", image), f"Dockerfile: {image} is not pinned by digest")
+        if words[0] == "COPY" and not any(w.startswith("--from") for w in words):
+            for source in [w for w in words[1:-1] if not w.startswith("--")]:
+                check((root / source).exists(), f"Dockerfile copies {source}, which does not exist")
+                check(not any(source == i or source.startswith(i.rstrip("/") + "/") for i in ignored),
+                      f"Dockerfile copies {source}, which .dockerignore excludes")
+    check(images, "Dockerfile: no pinned base images")
+
+
 def plain(docs):
     header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`; do not edit.\n"
               "# The chart's defaults without the driver (install it with its own chart or manifests).\n")
@@ -358,6 +382,7 @@ def main():
     every_value()
     plain_docs = without_driver()
     refusals()
+    dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(ARGS, args_file({"defaults": defaults, "go-chart-values": go}), write)
     if failures:
