@@ -4,8 +4,10 @@
 mod compat;
 mod demo;
 mod deps;
+mod dist;
 mod fuzz;
 mod procs;
+mod release;
 mod soak;
 
 use std::process::ExitCode;
@@ -23,6 +25,12 @@ commands:
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
   fuzz [--cases N]   every property test over tenant or upstream input (HPACK, request
                      fields, parameters, JWTs, keys, bundles, ...) with N cases each
+  release <version> [--dry-run]
+                     bump every version, write the changelog, run the checks, dry-run the
+                     crates.io publication, build tarballs + SBOM + SHA256SUMS, tag (never
+                     pushes); `cargo xtask release --help`
+  dist [--target T]  release tarballs, a CycloneDX SBOM and SHA256SUMS for the installed
+                     targets, in target/dist/v<version>/
   check-deps         fail if the dependency graph has a second crypto or TLS stack
                      (ring, openssl, openssl-sys, native-tls, reqwest, rsa) or duplicate major
                      versions of tonic, hyper, rustls, tower, tower-http, prost, aws-lc-rs
@@ -37,6 +45,8 @@ fn main() -> ExitCode {
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),
         Some("check-deps") => deps::check(),
+        Some("release") => release::run(rest),
+        Some("dist") => dist::run(rest),
         Some("help" | "--help" | "-h") | None => {
             eprint!("{USAGE}");
             return ExitCode::SUCCESS;
