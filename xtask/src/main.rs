@@ -6,6 +6,7 @@ mod demo;
 mod deps;
 mod dist;
 mod fuzz;
+mod plot;
 mod procs;
 mod release;
 mod soak;

@@ -31,6 +31,10 @@ const HELP: &str =
   --secret-bytes B  size of each distinct secret (default 4096)
   --ttl SECONDS     cache.bundle_ttl_seconds of the provider (default: its default, 30)
   --jemalloc        build the provider with jemalloc as its allocator (feature `jemalloc`)
+  --plot FILE       also draw the run as an SVG chart (RSS, open upstream connections, p99
+                    against mounts completed) with the Go provider's rig figures beside it
+  --baseline FILE   the Go figures for --plot (default docs/soak/go-workload-1.csv; a
+                    CSV of mounts,rss_kib,tcp_established,p99_ms or a rig JSON record)
   --provider-env K=V
                     an environment variable of the provider (repeatable), e.g.
                     _RJEM_MALLOC_CONF=prof:true,prof_active:true,lg_prof_sample:19
@@ -51,6 +55,8 @@ struct Options {
     ttl: Option<usize>,
     jemalloc: bool,
     provider_env: Vec<(String, String)>,
+    plot: Option<std::path::PathBuf>,
+    baseline: std::path::PathBuf,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -68,6 +74,8 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         ttl: None,
         jemalloc: false,
         provider_env: Vec::new(),
+        plot: None,
+        baseline: root().join("docs").join("soak").join("go-workload-1.csv"),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -90,6 +98,8 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
             "--secret-bytes" => o.secret_bytes = value("--secret-bytes")?.clamp(1, 24 * 1024),
             "--ttl" => o.ttl = Some(value("--ttl")?),
             "--jemalloc" => o.jemalloc = true,
+            "--plot" => o.plot = Some(it.next().context("--plot needs a file")?.into()),
+            "--baseline" => o.baseline = it.next().context("--baseline needs a file")?.into(),
             "--provider-env" => {
                 let pair = it.next().context("--provider-env needs K=V")?;
                 let (k, v) = pair.split_once('=').context("--provider-env needs K=V")?;
@@ -304,6 +314,12 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
         "mounts", "rss_kib", "mounts/s", "open_conn", "p50_ms", "p99_ms", "fail"
     );
     let mut points = vec![(0.0, rss_kib(pid) as f64)];
+    let mut samples = vec![crate::plot::Sample {
+        mounts: options.warmup as f64,
+        rss_mib: points[0].1 / 1024.0,
+        connections: metric_sum(&before, "oci_provider_upstream_connections_open"),
+        p99_ms: None,
+    }];
     println!(
         "{:>9} {:>9} {:>10} {:>9} {:>8} {:>8} {:>6}",
         0,
@@ -335,6 +351,12 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
         points.push((done as f64, rss as f64));
         let metrics = provider.metrics().await?;
         latencies.sort_unstable();
+        samples.push(crate::plot::Sample {
+            mounts: (options.warmup + done) as f64,
+            rss_mib: rss as f64 / 1024.0,
+            connections: metric_sum(&metrics, "oci_provider_upstream_connections_open"),
+            p99_ms: Some(percentile(&latencies, 0.99)),
+        });
         println!(
             "{done:>9} {rss:>9} {rate:>10.0} {:>9} {:>8.2} {:>8.2} {failed:>6}",
             metric_sum(&metrics, "oci_provider_upstream_connections_open"),
@@ -349,6 +371,33 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     // The last scrape, for reading every family after a run (and for notes).
     let scrape = root().join("target").join("soak").join("metrics.txt");
     std::fs::write(&scrape, &after)?;
+    if let Some(path) = &options.plot {
+        let mut series = vec![crate::plot::Series {
+            label: format!(
+                "this provider ({} auth, {} identities, concurrency {})",
+                options.auth, options.identities, options.concurrency
+            ),
+            samples: samples.clone(),
+        }];
+        if options.baseline.exists() {
+            series.push(crate::plot::Series {
+                label: "Go provider (measuring rig: workload auth, 1 identity, concurrency 1)"
+                    .to_owned(),
+                samples: crate::plot::read_baseline(&options.baseline)?,
+            });
+        } else {
+            println!(
+                "soak: no baseline at {}; plotting this run alone",
+                options.baseline.display()
+            );
+        }
+        let title = format!(
+            "cargo xtask soak --mounts {}: {} secret(s) per mount",
+            options.mounts, options.secrets
+        );
+        std::fs::write(path, crate::plot::svg(&title, &series)?)?;
+        println!("soak: chart written to {}", path.display());
+    }
     let requests = metric_sum(&after, "oci_provider_upstream_requests_total") - requests_before;
     let kib_per_1000 = slope(&points) * 1000.0;
     let growth =
