@@ -25,6 +25,7 @@ mod fuzz;
 mod key;
 mod request;
 mod retry;
+mod tls;
 
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};
@@ -32,6 +33,7 @@ pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{BundleKey, BundleType, Service};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::RetryPolicy;
+pub use tls::{TlsError, TlsFiles, unix};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]
