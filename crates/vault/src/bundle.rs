@@ -99,6 +99,9 @@ pub enum MalformedBundle {
     /// The content is not standard padded base64.
     #[error("secretBundleContent.content is not valid base64")]
     InvalidBase64,
+    /// A field the answer must have is missing or null (Certificates API answers).
+    #[error("{0} is missing")]
+    MissingField(&'static str),
     /// A `stages` entry is not one of the five stages.
     #[error("unknown stage {0:?}")]
     UnknownStage(String),

@@ -15,7 +15,8 @@ use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt as _};
 
-use crate::bundle::{self, SecretBundle};
+use crate::bundle::{self, MalformedBundle, SecretBundle};
+use crate::certificate::{self, CertificateBundle, CertificateRequest};
 use crate::error::{OciError, Stopped, Subject, VaultError};
 use crate::request::SecretRequest;
 use crate::retry::{RetryPolicy, unit_random};
@@ -198,6 +199,102 @@ impl<S> VaultClient<S> {
     }
 }
 
+/// A request the client sends: where, as whom, by when, and how its answer parses. The
+/// Secrets and the Certificates APIs share everything else (signing, retries, errors).
+pub(crate) trait Call: Send + 'static {
+    type Answer: Send + 'static;
+    fn deadline(&self) -> Instant;
+    fn identity(&self) -> auth::Identity;
+    fn describe(&self) -> String;
+    fn base_url(&self) -> &str;
+    fn method_and_uri(&self) -> (http::Method, String);
+    fn parse(
+        &self,
+        body: &[u8],
+        opc_request_id: Option<String>,
+    ) -> Result<Self::Answer, MalformedBundle>;
+}
+
+impl Call for SecretRequest {
+    type Answer = SecretBundle;
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+    fn identity(&self) -> auth::Identity {
+        SecretRequest::identity(self)
+    }
+    fn describe(&self) -> String {
+        SecretRequest::describe(self)
+    }
+    fn base_url(&self) -> &str {
+        &self.base_url
+    }
+    fn method_and_uri(&self) -> (http::Method, String) {
+        SecretRequest::method_and_uri(self)
+    }
+    fn parse(&self, body: &[u8], id: Option<String>) -> Result<SecretBundle, MalformedBundle> {
+        bundle::parse(body, id)
+    }
+}
+
+impl Call for CertificateRequest {
+    type Answer = CertificateBundle;
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+    fn identity(&self) -> auth::Identity {
+        CertificateRequest::identity(self)
+    }
+    fn describe(&self) -> String {
+        CertificateRequest::describe(self)
+    }
+    fn base_url(&self) -> &str {
+        &self.base_url
+    }
+    fn method_and_uri(&self) -> (http::Method, String) {
+        CertificateRequest::method_and_uri(self)
+    }
+    fn parse(&self, body: &[u8], id: Option<String>) -> Result<CertificateBundle, MalformedBundle> {
+        certificate::parse(&self.target, body, id)
+    }
+}
+
+impl<S> VaultClient<S> {
+    fn fetch<R: Call>(&self, request: R) -> Fetch<S, R>
+    where
+        S: Clone,
+    {
+        Fetch {
+            http: self.http.clone(),
+            retry: self.retry.clone(),
+            user_agent: self.user_agent.clone(),
+            max_body_bytes: self.max_body_bytes,
+            retries: Arc::clone(&self.retries),
+            secret: request.describe(),
+            request,
+        }
+    }
+}
+
+impl<S, E> Service<CertificateRequest> for VaultClient<S>
+where
+    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    type Response = CertificateBundle;
+    type Error = VaultError;
+    type Future = Pin<Box<dyn Future<Output = Result<CertificateBundle, VaultError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), VaultError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: CertificateRequest) -> Self::Future {
+        Box::pin(self.fetch(request).run())
+    }
+}
+
 impl<S, E> Service<SecretRequest> for VaultClient<S>
 where
     S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
@@ -215,38 +312,29 @@ where
     }
 
     fn call(&mut self, request: SecretRequest) -> Self::Future {
-        let client = Fetch {
-            http: self.http.clone(),
-            retry: self.retry.clone(),
-            user_agent: self.user_agent.clone(),
-            max_body_bytes: self.max_body_bytes,
-            retries: Arc::clone(&self.retries),
-            secret: request.describe(),
-            request,
-        };
-        Box::pin(client.run())
+        Box::pin(self.fetch(request).run())
     }
 }
 
 /// One fetch in progress.
-struct Fetch<S> {
+struct Fetch<S, R> {
     http: S,
     retry: RetryPolicy,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
     retries: Arc<Retries>,
     secret: String,
-    request: SecretRequest,
+    request: R,
 }
 
-impl<S, E> Fetch<S>
+impl<S, E, R: Call> Fetch<S, R>
 where
     S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
     S::Future: Send + 'static,
     E: Into<BoxError> + 'static,
 {
-    async fn run(mut self) -> Result<SecretBundle, VaultError> {
-        let deadline = self.request.deadline;
+    async fn run(mut self) -> Result<R::Answer, VaultError> {
+        let deadline = self.request.deadline();
         let max_attempts = self.retry.max_attempts.max(1);
         let mut attempts = 0u32;
         loop {
@@ -310,15 +398,11 @@ where
         }
     }
 
-    async fn attempt(
-        &mut self,
-        attempt: u32,
-        max_attempts: u32,
-    ) -> Result<SecretBundle, VaultError> {
+    async fn attempt(&mut self, attempt: u32, max_attempts: u32) -> Result<R::Answer, VaultError> {
         let request_id = new_request_id();
         let http_request = self.build(request_id.as_deref(), max_attempts > 1)?;
         let method = http_request.method().clone();
-        let deadline = self.request.deadline;
+        let deadline = self.request.deadline();
         // The transport bounds the exchange by the deadline; this outer bound also covers
         // the signing layer, which may have to exchange a token first.
         let exchange = async {
@@ -352,13 +436,14 @@ where
             "OCI secrets call answered"
         );
         if status.is_success() {
-            return bundle::parse(response.body(), opc_request_id.clone()).map_err(|reason| {
-                VaultError::Malformed {
+            return self
+                .request
+                .parse(response.body(), opc_request_id.clone())
+                .map_err(|reason| VaultError::Malformed {
                     subject: self.subject(),
                     reason,
                     opc_request_id,
-                }
-            });
+                });
         }
         let retry_after_secs =
             header_str(headers, &RETRY_AFTER).and_then(|v| v.trim().parse::<u64>().ok());
@@ -389,7 +474,7 @@ where
                 HeaderValue::from_static(if retries { "true" } else { "false" }),
             )
             .extension(self.request.identity())
-            .extension(transport::Deadline(self.request.deadline));
+            .extension(transport::Deadline(self.request.deadline()));
         if let Some(id) = request_id {
             builder = builder.header(OPC_REQUEST_ID, id);
         }
@@ -400,7 +485,7 @@ where
             .body(Bytes::new())
             .map_err(|e| VaultError::InvalidRequest {
                 subject: self.subject(),
-                reason: format!("{e} (base URL {:?})", self.request.base_url),
+                reason: format!("{e} (base URL {:?})", self.request.base_url()),
             })
     }
 }
@@ -505,6 +590,55 @@ mod tests {
             selector: Selector::Stage(Stage::Current),
             deadline: Instant::now() + deadline,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn certificates_go_through_the_same_signing_retries_and_errors() {
+        let cert = r#"{"certificateBundleType":"CERTIFICATE_CONTENT_PUBLIC_ONLY","certificateId":"ocid1.certificate.oc1..c","certificateName":"web","versionNumber":2,"stages":["CURRENT"],"certificatePem":"LEAF"}"#;
+        let script = Script::new(vec![oci(503, "ServiceUnavailable"), reply(200, &[], cert)]);
+        let request = crate::CertificateRequest {
+            base_url: "https://certificates.example.com".into(),
+            credential: request(Duration::from_secs(30)).credential,
+            target: crate::CertificateRef::Certificate("ocid1.certificate.oc1..c".into()),
+            selector: Selector::Stage(Stage::Current),
+            private_key: false,
+            deadline: Instant::now() + Duration::from_secs(30),
+        };
+        let bundle = script
+            .client(no_jitter())
+            .oneshot(request.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            (bundle.id.as_str(), bundle.version_number),
+            ("ocid1.certificate.oc1..c", Some(2))
+        );
+        let seen = script.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "the 503 was retried");
+        let (_, sent) = &seen[1];
+        assert_eq!(sent.method(), http::Method::GET);
+        assert_eq!(
+            sent.uri().to_string(),
+            "https://certificates.example.com/20210224/certificateBundles/ocid1.certificate.oc1..c?certificateBundleType=CERTIFICATE_CONTENT_PUBLIC_ONLY&stage=CURRENT"
+        );
+        assert!(
+            sent.extensions().get::<Identity>().is_some(),
+            "carries the identity to sign with"
+        );
+        drop(seen);
+
+        let script = Script::new(vec![oci(404, "NotAuthorizedOrNotFound")]);
+        let err = script
+            .client(no_jitter())
+            .oneshot(request)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        assert!(
+            err.to_string()
+                .contains("certificate ocid1.certificate.oc1..c"),
+            "{err}"
+        );
     }
 
     fn no_jitter() -> RetryPolicy {

@@ -18,6 +18,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod bundle;
+mod certificate;
 mod client;
 mod error;
 #[cfg(test)]
@@ -28,6 +29,7 @@ mod retry;
 mod tls;
 
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
+pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};
 pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{BundleKey, BundleType, Service};

@@ -210,7 +210,7 @@ impl SecretRequest {
 
 /// Percent-encodes a path segment like Go's `url.PathEscape`, so an OCID (or anything a
 /// user typed) cannot change the path.
-fn encode_path_segment(segment: &str) -> String {
+pub(crate) fn encode_path_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
