@@ -613,9 +613,15 @@ mod tests {
             (bundle.id.as_str(), bundle.version_number),
             ("ocid1.certificate.oc1..c", Some(2))
         );
-        let seen = script.seen.lock().unwrap();
+        let seen: Vec<Request<Bytes>> = script
+            .seen
+            .lock()
+            .unwrap()
+            .drain(..)
+            .map(|(_, r)| r)
+            .collect();
         assert_eq!(seen.len(), 2, "the 503 was retried");
-        let (_, sent) = &seen[1];
+        let sent = &seen[1];
         assert_eq!(sent.method(), http::Method::GET);
         assert_eq!(
             sent.uri().to_string(),
