@@ -31,6 +31,7 @@ pub(crate) async fn handle(
         Endpoint::Proxymux => proxymux(shared, parts, body),
         Endpoint::Kube => kube(shared, parts, body),
         Endpoint::Imds => imds(shared, parts),
+        Endpoint::Certificates => certificates(shared, parts, body),
     }
 }
 
@@ -223,6 +224,168 @@ fn secrets_inner(shared: &Shared, parts: &Parts, body: &[u8], call: &mut Secrets
     });
     let etag = crate::crypto::sha256_b64(format!("{}:{}", secret.id, v.number).as_bytes());
     Reply::json(StatusCode::OK, &bundle).header("etag", etag)
+}
+
+fn certificates(shared: &Shared, parts: &Parts, body: &[u8]) -> Reply {
+    let query: BTreeMap<String, String> =
+        url::form_urlencoded::parse(parts.uri.query().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    let mut call = crate::certs::CertificateCall {
+        identity: None,
+        target: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default(),
+        bundle_type: query.get("certificateBundleType").cloned(),
+        version_number: None,
+        status: 0,
+    };
+    let reply = certificates_inner(shared, parts, body, &query, &mut call);
+    call.status = reply.status.as_u16();
+    shared.state().certificate_calls.push(call);
+    reply
+}
+
+fn certificates_inner(
+    shared: &Shared,
+    parts: &Parts,
+    body: &[u8],
+    query: &BTreeMap<String, String>,
+    call: &mut crate::certs::CertificateCall,
+) -> Reply {
+    let Some((collection, id)) = crate::certs::route(parts.uri.path()) else {
+        return not_found();
+    };
+    if parts.method != Method::GET {
+        return oci_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "method not allowed",
+        );
+    }
+    let principal = match authenticate(shared, parts, body) {
+        Ok(p) => p,
+        Err(e) => return unauthenticated(&e),
+    };
+    call.identity = Some(principal.clone());
+    let invalid = |p: &str| {
+        oci_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            &format!("invalid parameter {p}"),
+        )
+    };
+    let stage = query.get("stage");
+    if stage.is_some_and(|s| !STAGES.contains(&s.as_str())) {
+        return invalid("stage");
+    }
+    let version_number = match query.get("versionNumber").map(|v| v.parse::<i64>()) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => return invalid("versionNumber"),
+    };
+    let st = shared.state();
+    let chain = format!("{}{}", st.cert_pki.intermediate_pem, st.cert_pki.root_pem);
+    match collection {
+        "caBundles" => {
+            let Some(bundle) = st.ca_bundles.iter().find(|b| b.id == id) else {
+                return not_found();
+            };
+            if !shared.allowed(&principal, &bundle.access) {
+                return not_found();
+            }
+            Reply::json(
+                StatusCode::OK,
+                &json!({"id": bundle.id, "name": bundle.name, "caBundlePem": chain}),
+            )
+        }
+        "certificateAuthorityBundles" => {
+            let Some(ca) = st.certificate_authorities.iter().find(|c| c.id == id) else {
+                return not_found();
+            };
+            if !shared.allowed(&principal, &ca.access) {
+                return not_found();
+            }
+            if version_number.is_some_and(|n| n != 1)
+                || stage.is_some_and(|s| s != "CURRENT" && s != "LATEST")
+            {
+                return not_found();
+            }
+            call.version_number = Some(1);
+            Reply::json(
+                StatusCode::OK,
+                &json!({
+                    "certificateAuthorityId": ca.id,
+                    "certificateAuthorityName": ca.name,
+                    "serialNumber": "01",
+                    "certificatePem": st.cert_pki.intermediate_pem,
+                    "certChainPem": st.cert_pki.root_pem,
+                    "versionNumber": 1,
+                    "stages": ["CURRENT", "LATEST"],
+                }),
+            )
+        }
+        _ => {
+            let bundle_type = query
+                .get("certificateBundleType")
+                .map_or("CERTIFICATE_CONTENT_PUBLIC_ONLY", String::as_str);
+            let with_key = match bundle_type {
+                "CERTIFICATE_CONTENT_PUBLIC_ONLY" => false,
+                "CERTIFICATE_CONTENT_WITH_PRIVATE_KEY" => true,
+                _ => return invalid("certificateBundleType"),
+            };
+            let Some(cert) = st.certificates.iter().find(|c| c.seed.id == id) else {
+                return not_found();
+            };
+            if !shared.allowed(&principal, &cert.seed.access) {
+                return not_found();
+            }
+            let version_name = query.get("certificateVersionName");
+            let wanted_stage = match (stage, version_number, version_name) {
+                (None, None, None) => Some("CURRENT"),
+                (s, _, _) => s.map(String::as_str),
+            };
+            let Some(v) = cert.versions.iter().find(|v| {
+                wanted_stage.is_none_or(|s| v.stages.iter().any(|vs| vs == s))
+                    && version_number.is_none_or(|n| v.number == n)
+                    && version_name.is_none_or(|n| *n == format!("v{}", v.number))
+            }) else {
+                return not_found();
+            };
+            call.version_number = Some(v.number);
+            let with_key = with_key && !cert.seed.no_private_key;
+            let mut bundle = json!({
+                "certificateBundleType": if with_key { "CERTIFICATE_CONTENT_WITH_PRIVATE_KEY" } else { "CERTIFICATE_CONTENT_PUBLIC_ONLY" },
+                "certificateId": cert.seed.id,
+                "certificateName": cert.seed.name,
+                "versionNumber": v.number,
+                "versionName": format!("v{}", v.number),
+                "serialNumber": format!("{:02X}", v.number),
+                "certificatePem": v.leaf_pem,
+                // Root first: OCI does not document an order, and the provider must not rely on one.
+                "certChainPem": format!("{}{}", st.cert_pki.root_pem, st.cert_pki.intermediate_pem),
+                "timeCreated": rfc3339(v.not_before),
+                "validity": {
+                    "timeOfValidityNotBefore": rfc3339(v.not_before),
+                    "timeOfValidityNotAfter": rfc3339(v.not_after),
+                },
+                "stages": v.stages,
+            });
+            if let Some(reason) = &v.revoked {
+                bundle["revocationStatus"] =
+                    json!({"timeRevoked": rfc3339(v.not_before), "revocationReason": reason});
+            }
+            if with_key {
+                bundle["privateKeyPem"] = json!(v.key_pem);
+                if let Some(p) = &cert.seed.passphrase {
+                    bundle["privateKeyPemPassphrase"] = json!(p);
+                }
+            }
+            Reply::json(StatusCode::OK, &bundle)
+        }
+    }
 }
 
 fn bearer(parts: &Parts) -> Option<&str> {

@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod certs;
 mod crypto;
 mod driver;
 mod faults;
@@ -56,6 +57,7 @@ use tokio::sync::oneshot;
 /// The clock contract shared with the provider, re-exported for convenience.
 pub use auth::{Clock, ManualClock, SharedClock, SystemClock};
 
+pub use crate::certs::{CaSeed, CertificateCall, CertificateSeed, KeyKind};
 pub use crate::crypto::api_key_fingerprint;
 pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
@@ -598,6 +600,48 @@ impl EmulatorHandle {
     pub fn advance_time(&self, by: Duration) {
         let now = self.now();
         self.set_time(now + by);
+    }
+
+    /// Renews a certificate: a new version (CURRENT, LATEST) with a new key and leaf; the
+    /// former CURRENT becomes PREVIOUS. Returns the new version number.
+    pub fn renew_certificate(&self, id: &str) -> Result<i64, Error> {
+        let now = self.now();
+        let mut st = self.shared.state();
+        let st = &mut *st;
+        let cert = st
+            .certificates
+            .iter_mut()
+            .find(|c| c.seed.id == id)
+            .ok_or_else(|| Error::NotFound(format!("certificate {id}")))?;
+        cert.renew(&st.cert_pki, now)
+    }
+
+    /// Marks a certificate version revoked with `reason` (e.g. `KEY_COMPROMISE`).
+    pub fn revoke_certificate_version(
+        &self,
+        id: &str,
+        number: i64,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let mut st = self.shared.state();
+        let version = st
+            .certificates
+            .iter_mut()
+            .find(|c| c.seed.id == id)
+            .and_then(|c| c.versions.iter_mut().find(|v| v.number == number))
+            .ok_or_else(|| Error::NotFound(format!("certificate {id} version {number}")))?;
+        version.revoked = Some(reason.to_owned());
+        Ok(())
+    }
+
+    /// Every Certificates call so far.
+    pub fn certificate_calls(&self) -> Vec<CertificateCall> {
+        self.shared.state().certificate_calls.clone()
+    }
+
+    /// The root of the Certificates API's private CA hierarchy (PEM).
+    pub fn certificates_root_pem(&self) -> String {
+        self.shared.state().cert_pki.root_pem.clone()
     }
 
     /// Issues a Kubernetes service-account token directly (what kubelet would hand the

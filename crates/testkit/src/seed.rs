@@ -36,6 +36,12 @@ pub struct Seed {
     pub provider_service_account: ServiceAccountSeed,
     /// Token lifetimes.
     pub lifetimes: Lifetimes,
+    /// Leaf certificates of the Certificates API.
+    pub certificates: Vec<crate::certs::CertificateSeed>,
+    /// Certificate authorities (each is the emulator's issuing CA).
+    pub certificate_authorities: Vec<crate::certs::CaSeed>,
+    /// CA bundles (each holds the emulator's issuing CA and root).
+    pub ca_bundles: Vec<crate::certs::CaSeed>,
 }
 
 impl Default for Seed {
@@ -55,6 +61,9 @@ impl Default for Seed {
                 uid: "00000000-0000-4000-8000-000000000001".into(),
             },
             lifetimes: Lifetimes::default(),
+            certificates: Vec::new(),
+            certificate_authorities: Vec::new(),
+            ca_bundles: Vec::new(),
         }
     }
 }
@@ -85,6 +94,24 @@ impl Seed {
             name: name.into(),
             uid: String::new(),
         });
+        self
+    }
+
+    /// Adds a leaf certificate.
+    pub fn certificate(mut self, certificate: crate::certs::CertificateSeed) -> Self {
+        self.certificates.push(certificate);
+        self
+    }
+
+    /// Adds a certificate authority.
+    pub fn certificate_authority(mut self, ca: crate::certs::CaSeed) -> Self {
+        self.certificate_authorities.push(ca);
+        self
+    }
+
+    /// Adds a CA bundle.
+    pub fn ca_bundle(mut self, bundle: crate::certs::CaSeed) -> Self {
+        self.ca_bundles.push(bundle);
         self
     }
 

@@ -175,6 +175,11 @@ pub(crate) struct State {
     pub(crate) tokens: HashMap<String, TokenRecord>,
     pub(crate) revoked: BTreeSet<String>,
     pub(crate) secrets_calls: Vec<SecretsCall>,
+    pub(crate) cert_pki: crate::certs::CertPki,
+    pub(crate) certificates: Vec<crate::certs::CertState>,
+    pub(crate) certificate_authorities: Vec<crate::certs::CaSeed>,
+    pub(crate) ca_bundles: Vec<crate::certs::CaSeed>,
+    pub(crate) certificate_calls: Vec<crate::certs::CertificateCall>,
     pub(crate) faults: BTreeMap<Endpoint, FaultPlan>,
     pub(crate) http1_only: BTreeSet<Endpoint>,
     pub(crate) idle_timeout: BTreeMap<Endpoint, Duration>,
@@ -300,7 +305,20 @@ impl Shared {
                 )
             })
             .collect();
+        let cert_pki = crate::certs::CertPki::generate()?;
+        let mut certificates = Vec::new();
+        for c in &seed.certificates {
+            certificates.push(crate::certs::CertState {
+                versions: vec![cert_pki.issue(c, 1, now)?],
+                seed: c.clone(),
+            });
+        }
         let state = State {
+            cert_pki,
+            certificates,
+            certificate_authorities: seed.certificate_authorities.clone(),
+            ca_bundles: seed.ca_bundles.clone(),
+            certificate_calls: Vec::new(),
             secrets,
             users,
             service_accounts,

@@ -22,16 +22,19 @@ pub enum Endpoint {
     Kube,
     /// Instance metadata service v2 (plain HTTP).
     Imds,
+    /// OCI Certificates retrieval API (HTTPS).
+    Certificates,
 }
 
 impl Endpoint {
     /// All endpoints.
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 6] = [
         Endpoint::Secrets,
         Endpoint::Auth,
         Endpoint::Proxymux,
         Endpoint::Kube,
         Endpoint::Imds,
+        Endpoint::Certificates,
     ];
 
     /// Whether this endpoint is served over TLS.
@@ -48,6 +51,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Proxymux => "proxymux",
             Endpoint::Kube => "kube",
             Endpoint::Imds => "imds",
+            Endpoint::Certificates => "certificates",
         })
     }
 }

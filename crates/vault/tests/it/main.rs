@@ -11,10 +11,13 @@ use auth::{
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use oci_csi_vault::{
-    ErrorKind, MalformedBundle, RetryPolicy, SecretBundle, SecretRef, SecretRequest, Selector,
-    Stage, VaultClient, VaultError,
+    CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, RetryPolicy, SecretBundle,
+    SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient, VaultError,
 };
-use testkit::{Emulator, Endpoint, Fault, Principal, SecretSeed, Seed, UserSeed};
+use testkit::{
+    CaSeed, CertificateSeed, Emulator, Endpoint, Fault, KeyKind, Principal, SecretSeed, Seed,
+    UserSeed,
+};
 use tokio::time::Instant;
 use tower::{Layer as _, ServiceExt as _};
 use transport::{HttpService, Transport, TransportConfig};
@@ -25,6 +28,18 @@ const VAULT: &str = "ocid1.vault.oc1.iad.testvault";
 const SECRET: &str = "ocid1.vaultsecret.oc1.iad.dbpassword";
 const FORBIDDEN: &str = "ocid1.vaultsecret.oc1.iad.forbidden";
 const NAME: &str = "db-password";
+const CERT: &str = "ocid1.certificate.oc1.iad.web";
+const CERT_NO_KEY: &str = "ocid1.certificate.oc1.iad.nokey";
+const CERT_FORBIDDEN: &str = "ocid1.certificate.oc1.iad.forbidden";
+const CA_BUNDLE: &str = "ocid1.cabundle.oc1.iad.roots";
+const CA: &str = "ocid1.certificateauthority.oc1.iad.issuing";
+
+fn access_for_user() -> testkit::Access {
+    testkit::Access {
+        users: vec![USER.into()],
+        ..testkit::Access::default()
+    }
+}
 /// Version 2 (CURRENT, LATEST): binary, with bytes that are not UTF-8.
 const BINARY: &[u8] = b"\x00s3cr3t-\xff\xfe-binary\n";
 /// Version 1 (PREVIOUS).
@@ -115,7 +130,41 @@ async fn fixture() -> Fixture {
                 .version(2, BINARY, &["CURRENT", "LATEST"])
                 .allow_user(USER),
         )
-        .secret(SecretSeed::new(FORBIDDEN, VAULT, "forbidden").version(1, OLD, &["CURRENT"]));
+        .secret(SecretSeed::new(FORBIDDEN, VAULT, "forbidden").version(1, OLD, &["CURRENT"]))
+        .certificate(CertificateSeed {
+            id: CERT.into(),
+            name: "web".into(),
+            dns_names: vec!["web.example.com".into()],
+            key: KeyKind::EcdsaP256,
+            passphrase: Some("emulator passphrase".into()),
+            access: access_for_user(),
+            ..CertificateSeed::default()
+        })
+        .certificate(CertificateSeed {
+            id: CERT_NO_KEY.into(),
+            name: "csr-issued".into(),
+            dns_names: vec!["api.example.com".into()],
+            key: KeyKind::Rsa,
+            no_private_key: true,
+            access: access_for_user(),
+            ..CertificateSeed::default()
+        })
+        .certificate(CertificateSeed {
+            id: CERT_FORBIDDEN.into(),
+            name: "other-team".into(),
+            dns_names: vec!["other.example.com".into()],
+            ..CertificateSeed::default()
+        })
+        .ca_bundle(CaSeed {
+            id: CA_BUNDLE.into(),
+            name: "roots".into(),
+            access: access_for_user(),
+        })
+        .certificate_authority(CaSeed {
+            id: CA.into(),
+            name: "issuing".into(),
+            access: access_for_user(),
+        });
     let emu = Emulator::start(seed, Arc::new(SystemClock)).await.unwrap();
     let version = emu
         .add_secret_version(SECRET, NEXT, Some("next"), &["PENDING"])
@@ -685,4 +734,177 @@ async fn refused_connections_are_retried_then_unavailable() {
         error.to_string().contains("cannot connect to 127.0.0.1"),
         "{error}"
     );
+}
+
+impl Fixture {
+    fn certificate_request(
+        &self,
+        target: CertificateRef,
+        selector: Selector,
+        key: bool,
+    ) -> CertificateRequest {
+        CertificateRequest {
+            base_url: self.emu.url(Endpoint::Certificates),
+            credential: user_credential(),
+            target,
+            selector,
+            private_key: key,
+            deadline: Instant::now() + Duration::from_secs(30),
+        }
+    }
+}
+
+#[tokio::test]
+async fn certificates_come_signed_from_the_emulator_and_make_tls_files() {
+    let f = fixture().await;
+    let cert = CertificateRef::Certificate(CERT.into());
+    // With the key: encrypted in OCI, written decrypted, matching the leaf.
+    let bundle = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(cert.clone(), current(), true))
+        .await
+        .unwrap();
+    assert_eq!(bundle.version_number, Some(1));
+    assert!(bundle.private_key_passphrase.is_some());
+    let key = bundle.private_key_pem.as_ref().unwrap().expose();
+    assert!(key.starts_with(b"-----BEGIN ENCRYPTED PRIVATE KEY-----"));
+    let files = TlsFiles::new(
+        &bundle.certificate_pem,
+        bundle.chain_pem.as_deref(),
+        Some((
+            key,
+            bundle.private_key_passphrase.as_ref().map(|p| p.expose()),
+        )),
+    )
+    .unwrap();
+    assert!(
+        files
+            .tls_key
+            .as_ref()
+            .unwrap()
+            .starts_with("-----BEGIN PRIVATE KEY-----")
+    );
+    assert_eq!(
+        files.tls_crt.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "leaf + issuing CA"
+    );
+    assert_eq!(
+        files.ca_crt.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "issuing CA + root"
+    );
+    assert!(
+        files.ca_crt.ends_with(&f.emu.certificates_root_pem()),
+        "the root last"
+    );
+
+    // Without the key: none asked for, none sent.
+    let public = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(cert.clone(), current(), false))
+        .await
+        .unwrap();
+    assert!(public.private_key_pem.is_none());
+    let types: Vec<Option<String>> = f
+        .emu
+        .certificate_calls()
+        .into_iter()
+        .map(|c| c.bundle_type)
+        .collect();
+    assert_eq!(
+        types,
+        [
+            Some("CERTIFICATE_CONTENT_WITH_PRIVATE_KEY".to_owned()),
+            Some("CERTIFICATE_CONTENT_PUBLIC_ONLY".to_owned())
+        ]
+    );
+
+    // A certificate whose key OCI does not hold answers without one.
+    let no_key = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(
+            CertificateRef::Certificate(CERT_NO_KEY.into()),
+            current(),
+            true,
+        ))
+        .await
+        .unwrap();
+    assert!(no_key.private_key_pem.is_none());
+
+    // Renewal: a new version; the old one stays readable by number.
+    assert_eq!(f.emu.renew_certificate(CERT).unwrap(), 2);
+    let renewed = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(cert.clone(), current(), false))
+        .await
+        .unwrap();
+    assert_eq!(renewed.version_number, Some(2));
+    assert_ne!(renewed.certificate_pem, public.certificate_pem);
+    let old = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(cert.clone(), Selector::VersionNumber(1), false))
+        .await
+        .unwrap();
+    assert_eq!(old.stages, ["PREVIOUS"]);
+    f.emu
+        .revoke_certificate_version(CERT, 1, "KEY_COMPROMISE")
+        .unwrap();
+    let revoked = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(cert.clone(), Selector::VersionNumber(1), false))
+        .await
+        .unwrap();
+    assert_eq!(revoked.revoked.as_deref(), Some("KEY_COMPROMISE"));
+
+    // CA bundle and CA.
+    let roots = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(
+            CertificateRef::CaBundle(CA_BUNDLE.into()),
+            current(),
+            false,
+        ))
+        .await
+        .unwrap();
+    let (ca_crt, _) = TlsFiles::ca_only(&roots.certificate_pem, "caBundlePem").unwrap();
+    assert_eq!(ca_crt.matches("BEGIN CERTIFICATE").count(), 2);
+    let ca = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(
+            CertificateRef::CertificateAuthority(CA.into()),
+            current(),
+            false,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(ca.version_number, Some(1));
+
+    // Someone else's certificate is NotFound; a key the emulator does not know is refused.
+    let err = f
+        .client
+        .clone()
+        .oneshot(f.certificate_request(
+            CertificateRef::Certificate(CERT_FORBIDDEN.into()),
+            current(),
+            true,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let err = f
+        .unknown_key
+        .clone()
+        .oneshot(f.certificate_request(cert, current(), true))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthenticated, "{err}");
 }
