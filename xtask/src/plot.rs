@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 /// One checkpoint of a run.
@@ -86,83 +87,81 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> anyhow::Result<String> {
         let panels = body.split_evenly((3, 1));
         let all = || series.iter().flat_map(|s| s.samples.iter());
         let x_max = all().map(|s| s.mounts).fold(1.0, f64::max) * 1.02;
-        let colors = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xd6, 0x27, 0x28)];
 
         // RSS, linear: a leak is a slope.
         let rss_max = all().map(|s| s.rss_mib).fold(1.0, f64::max) * 1.1;
-        let mut chart = ChartBuilder::on(&panels[0])
-            .caption("resident memory (MiB)", ("sans-serif", 17))
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..x_max, 0.0..rss_max)
-            .map_err(draw)?;
-        chart
-            .configure_mesh()
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .x_desc("mounts completed")
-            .y_desc("MiB")
-            .draw()
-            .map_err(draw)?;
-        for (s, color) in series.iter().zip(colors) {
-            line(&mut chart, s, color, |p| Some(p.rss_mib))?;
-        }
-        legend(&mut chart)?;
-
+        let panel = |i: usize| &panels[i];
+        draw_panel(
+            panel(0),
+            "resident memory (MiB)",
+            "MiB",
+            (x_max, 0.0..rss_max),
+            series,
+            |p| Some(p.rss_mib),
+        )?;
         // Open upstream connections, log: 3 against thousands.
         let conn_max = all().map(|s| s.connections).fold(10.0, f64::max) * 2.0;
-        let mut chart = ChartBuilder::on(&panels[1])
-            .caption("open upstream connections (log)", ("sans-serif", 17))
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..x_max, (0.5..conn_max).log_scale())
-            .map_err(draw)?;
-        chart
-            .configure_mesh()
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .x_desc("mounts completed")
-            .y_desc("connections")
-            .draw()
-            .map_err(draw)?;
-        for (s, color) in series.iter().zip(colors) {
-            line(&mut chart, s, color, |p| Some(p.connections.max(0.5)))?;
-        }
-        legend(&mut chart)?;
-
+        draw_panel(
+            panel(1),
+            "open upstream connections (log)",
+            "connections",
+            (x_max, (0.5..conn_max).log_scale()),
+            series,
+            |p| Some(p.connections.max(0.5)),
+        )?;
         // p99 mount latency, log.
         let p99 = || all().filter_map(|s| s.p99_ms);
         let (lo, hi) = (
             p99().fold(f64::INFINITY, f64::min).min(1.0) / 2.0,
             p99().fold(1.0, f64::max) * 2.0,
         );
-        let mut chart = ChartBuilder::on(&panels[2])
-            .caption(
-                "p99 mount latency per checkpoint (ms, log)",
-                ("sans-serif", 17),
-            )
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..x_max, (lo..hi).log_scale())
-            .map_err(draw)?;
-        chart
-            .configure_mesh()
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .x_desc("mounts completed")
-            .y_desc("ms")
-            .draw()
-            .map_err(draw)?;
-        for (s, color) in series.iter().zip(colors) {
-            line(&mut chart, s, color, |p| p.p99_ms)?;
-        }
-        legend(&mut chart)?;
+        draw_panel(
+            panel(2),
+            "p99 mount latency per checkpoint (ms, log)",
+            "ms",
+            (x_max, (lo..hi).log_scale()),
+            series,
+            |p| p.p99_ms,
+        )?;
         root.present().map_err(draw)?;
     }
     Ok(out)
+}
+
+const COLORS: [RGBColor; 2] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xd6, 0x27, 0x28)];
+
+/// One panel: the series' values against mounts completed, with a legend.
+fn draw_panel<Y>(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    y_desc: &str,
+    (x_max, y): (f64, Y),
+    series: &[Series],
+    value: impl Fn(&Sample) -> Option<f64> + Copy,
+) -> anyhow::Result<()>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..x_max, y)
+        .map_err(draw)?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .x_desc("mounts completed")
+        .y_desc(y_desc)
+        .draw()
+        .map_err(draw)?;
+    for (s, color) in series.iter().zip(COLORS) {
+        line(&mut chart, s, color, value)?;
+    }
+    legend(&mut chart)
 }
 
 type Chart<'a, 'b, Y> =

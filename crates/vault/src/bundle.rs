@@ -139,12 +139,9 @@ fn zeroizing_string<'de, D: Deserializer<'de>>(
     Ok(Option::<String>::deserialize(deserializer)?.map(Zeroizing::new))
 }
 
-/// Parses and validates a SecretBundle body.
-pub(crate) fn parse(
-    body: &[u8],
-    opc_request_id: Option<String>,
-) -> Result<SecretBundle, MalformedBundle> {
-    let raw: RawBundle = serde_json::from_slice(body).map_err(|e| MalformedBundle::Json {
+/// A body that is not the JSON expected, by position only (the body holds secrets).
+pub(crate) fn json_error(e: serde_json::Error) -> MalformedBundle {
+    MalformedBundle::Json {
         category: match e.classify() {
             serde_json::error::Category::Io => "io",
             serde_json::error::Category::Syntax => "syntax",
@@ -153,7 +150,15 @@ pub(crate) fn parse(
         },
         line: e.line(),
         column: e.column(),
-    })?;
+    }
+}
+
+/// Parses and validates a SecretBundle body.
+pub(crate) fn parse(
+    body: &[u8],
+    opc_request_id: Option<String>,
+) -> Result<SecretBundle, MalformedBundle> {
+    let raw: RawBundle = serde_json::from_slice(body).map_err(json_error)?;
     let secret_id = raw
         .secret_id
         .filter(|id| !id.is_empty())

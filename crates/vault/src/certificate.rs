@@ -211,16 +211,7 @@ pub(crate) fn parse(
     body: &[u8],
     opc_request_id: Option<String>,
 ) -> Result<CertificateBundle, MalformedBundle> {
-    let raw: Raw = serde_json::from_slice(body).map_err(|e| MalformedBundle::Json {
-        category: match e.classify() {
-            serde_json::error::Category::Io => "io",
-            serde_json::error::Category::Syntax => "syntax",
-            serde_json::error::Category::Data => "data",
-            serde_json::error::Category::Eof => "eof",
-        },
-        line: e.line(),
-        column: e.column(),
-    })?;
+    let raw: Raw = serde_json::from_slice(body).map_err(crate::bundle::json_error)?;
     let missing = |field: &'static str| MalformedBundle::MissingField(field);
     let (id, name, certificate_pem) = match target {
         CertificateRef::Certificate(_) => (
