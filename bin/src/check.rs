@@ -237,7 +237,22 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs) -> Report {
     // The class as Mount parses it (first error), then each entry alone, so that every
     // entry's error is reported, not only the first.
     match MountParameters::parse(&attributes, &pod) {
-        Ok(params) => r.files = params.secrets.iter().flat_map(describe).collect(),
+        Ok(params) => {
+            // In the list's order, secrets and certificates alike.
+            let mut files: Vec<(usize, Vec<Value>)> = params
+                .secrets
+                .iter()
+                .map(|s| (s.index, describe(s)))
+                .chain(
+                    params
+                        .certificates
+                        .iter()
+                        .map(|c| (c.index, describe_certificate(c))),
+                )
+                .collect();
+            files.sort_by_key(|(index, _)| *index);
+            r.files = files.into_iter().flat_map(|(_, f)| f).collect();
+        }
         Err(err) => r.errors.push(err.to_string()),
     }
     if let Some(entries) = attributes
@@ -265,6 +280,40 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs) -> Report {
         r.files.clear();
     }
     r
+}
+
+/// The files of a certificate entry, as `check` prints them.
+fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
+    let selector = match (&spec.kind, &spec.selector) {
+        (provider::CertificateKind::CaBundle, _) => String::new(),
+        (_, VersionSelector::Stage(stage)) => format!("stage {stage}"),
+        (_, VersionSelector::Number(n)) => format!("version {n}"),
+        (_, VersionSelector::Name(n)) => format!("version name {n:?}"),
+    };
+    let mode = match spec.mode {
+        Some(m) => Value::String(format!("{:04o}", m.get())),
+        None => Value::Null,
+    };
+    let file = |path: &csi_grpc::FilePath, what: &str| {
+        json!({
+            "path": path.as_str(),
+            "mode": mode,
+            "source": format!("{} {} ({what})", spec.kind.field(), spec.id),
+            "vault": "",
+            "selector": selector,
+            "key": "",
+            "encoding": "pem",
+        })
+    };
+    let mut files = Vec::new();
+    if let Some(cert) = &spec.cert_path {
+        files.push(file(cert, "leaf and intermediates"));
+    }
+    files.push(file(&spec.chain_path, "CA chain"));
+    if let Some(key) = &spec.key_path {
+        files.push(file(key, "private key, PKCS#8"));
+    }
+    files
 }
 
 /// The files one entry writes, as `check` prints them.

@@ -24,6 +24,11 @@ pub struct Endpoints {
     /// Secrets API base URLs by region id (`us-ashburn-1`), before `secrets`: a private
     /// endpoint per region, or tests pointing a primary and a failover region somewhere.
     pub secrets_by_region: std::collections::BTreeMap<String, HttpsUrl>,
+    /// OCI Certificates API base URL (default `https://certificates.<region>.oci.<domain>`;
+    /// certificate entries, `docs/oci-certificates.md`).
+    pub certificates: Option<HttpsUrl>,
+    /// Certificates API base URLs by region id, before `certificates`.
+    pub certificates_by_region: std::collections::BTreeMap<String, HttpsUrl>,
     /// OCI x509 federation base URL for the instance principal (default
     /// `https://auth.<region>.<domain>`; `OCI_SDK_AUTH_CLIENT_REGION_URL`).
     pub federation: Option<HttpsUrl>,
@@ -63,6 +68,8 @@ impl Default for Endpoints {
         Self {
             secrets: None,
             secrets_by_region: std::collections::BTreeMap::new(),
+            certificates: None,
+            certificates_by_region: std::collections::BTreeMap::new(),
             federation: None,
             instance_metadata: MetadataUrl(DEFAULT_INSTANCE_METADATA.to_owned()),
             proxymux: None,

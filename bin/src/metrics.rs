@@ -16,6 +16,11 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabel {
+    certificate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
     code: &'static str,
 }
@@ -169,6 +174,8 @@ pub(crate) struct CacheSources {
     pub(crate) principals: auth::Principals,
     /// Which region served each entry.
     pub(crate) served: std::sync::Arc<provider::RegionStats>,
+    /// The `notAfter` of the certificates mounted lately.
+    pub(crate) certificate_expiry: std::sync::Arc<provider::CertificateExpiry>,
     /// Upstream exchange durations.
     pub(crate) timings: std::sync::Arc<UpstreamTimings>,
     /// The Secrets client's retries by reason.
@@ -382,6 +389,19 @@ impl Collector for CacheSources {
             ] {
                 ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed))
                     .encode(family.encode_family(&RegionLabel { region })?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "certificate_not_after_seconds",
+                "notAfter (Unix seconds) of each certificate, CA or CA bundle mounted in the last \
+                 24 hours, by OCID: alert before it passes",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (certificate, not_after) in self.certificate_expiry.snapshot() {
+                ConstGauge::new(not_after)
+                    .encode(family.encode_family(&CertificateLabel { certificate })?)?;
             }
         }
         let gauges: [(&str, &str, CacheCounter); 3] = [

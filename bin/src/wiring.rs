@@ -22,7 +22,11 @@ pub(crate) type Bundles =
     CacheService<VaultClient<Signing<HttpService>>, vault::BundleKey, vault::SecretBundle>;
 
 /// The mount service the gRPC server calls.
-pub(crate) type Mount = OciMount<Principals, Bundles>;
+pub(crate) type Mount = OciMount<Principals, Bundles, Certificates>;
+
+/// The Certificates service certificate entries call: the same client type over the same
+/// signed transport (not cached: a certificate's files are made from each answer).
+pub(crate) type Certificates = VaultClient<Signing<HttpService>>;
 
 /// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
 /// which this module binds to the transport.
@@ -49,10 +53,15 @@ impl provider::RegionResolver for PrincipalRegions {
     fn resolve(&self, region: &str) -> Result<provider::ResolvedRegion, String> {
         let (resolved, secrets_endpoint) =
             self.0.secrets_region(region).map_err(|e| e.to_string())?;
+        let certificates_endpoint = self
+            .0
+            .certificates_region(&resolved)
+            .map_err(|e| e.to_string())?;
         Ok(provider::ResolvedRegion {
             region: resolved.id().to_owned(),
             realm: resolved.domain().map(str::to_owned),
             secrets_endpoint,
+            certificates_endpoint,
         })
     }
 }
@@ -118,6 +127,12 @@ impl From<&Config> for PrincipalsConfig {
             secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
             secrets_endpoints_by_region: e
                 .secrets_by_region
+                .iter()
+                .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
+                .collect(),
+            certificates_endpoint: e.certificates.as_ref().map(|u| u.as_str().to_owned()),
+            certificates_endpoints_by_region: e
+                .certificates_by_region
                 .iter()
                 .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
                 .collect(),
@@ -253,6 +268,7 @@ pub(crate) fn build(
         ))
         .with_max_body_bytes(u.max_bundle_bytes);
     let retries = vault.retries();
+    let certificates = vault.clone();
 
     // 4. The bundle cache in front of it: one fetch per credential, secret and version at
     //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
@@ -268,6 +284,7 @@ pub(crate) fn build(
     let budget = ByteBudget::new(config.server.max_in_flight_bytes);
     let principals_for_metrics = principals.clone();
     let served = Arc::new(provider::RegionStats::default());
+    let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
     let mount = OciMount::new(
         principals,
         vault,
@@ -278,15 +295,18 @@ pub(crate) fn build(
             fetch_reserve_bytes: u.max_bundle_bytes,
             regions: Some(Arc::new(PrincipalRegions(principals_for_metrics.clone()))),
             served: served.clone(),
+            certificate_expiry: certificate_expiry.clone(),
             ..MountConfig::default()
         },
-    );
+    )
+    .with_certificates(certificates);
 
     // 6. The CSI gRPC service, with its limits, reporting to the metrics.
     let caches = crate::metrics::CacheSources {
         bundles,
         principals: principals_for_metrics,
         served,
+        certificate_expiry,
         timings,
         retries,
         otlp: traces.client.clone(),

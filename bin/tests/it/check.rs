@@ -96,3 +96,10 @@ fn usage_errors_exit_2() {
     assert_eq!(code, 1);
     assert!(out.contains("not YAML at line"), "{out}");
 }
+
+#[test]
+fn certificate_entries_show_their_files_and_their_errors() {
+    let (code, out, _) = check(&["certificates.yaml"], None);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out, golden("certificates.txt"));
+}

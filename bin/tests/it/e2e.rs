@@ -19,6 +19,12 @@ const TENANCY: &str = "ocid1.tenancy.oc1..e2etenancy";
 const USER: &str = "ocid1.user.oc1..e2euser";
 const SECRET_BYTES: &str = "S3CR3T-CONTENT-never-logged";
 const WAIT: Duration = Duration::from_secs(20);
+const CERT_WEB: &str = "ocid1.certificate.oc1.iad.web";
+const CERT_RSA: &str = "ocid1.certificate.oc1.iad.rsa";
+const CERT_NO_KEY: &str = "ocid1.certificate.oc1.iad.csr";
+const CERT_FORBIDDEN: &str = "ocid1.certificate.oc1.iad.forbidden";
+const CA_BUNDLE: &str = "ocid1.cabundle.oc1.iad.roots";
+const CERT_PASSPHRASE: &str = "emulator-key-passphrase";
 /// The bundle cache keeps nothing (concurrent identical fetches are still joined).
 const NO_CACHE: (&str, &str) = ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", "0");
 
@@ -47,12 +53,66 @@ fn seed(identities: usize) -> Seed {
         .version(1, vec![0u8, 159, 146, 150, 255], &["CURRENT"])
         .allow_user(USER)
         .allow_instance_tenancy(TENANCY);
+    let mut readers = testkit::Access {
+        users: vec![USER.into()],
+        instance_tenancies: vec![TENANCY.into()],
+        ..testkit::Access::default()
+    };
     for i in 0..identities {
         let sa = format!("sa-{i}");
         seed = seed.service_account(NAMESPACE, &sa);
         db = db.allow_workload(NAMESPACE, &sa);
         key = key.allow_workload(NAMESPACE, &sa);
+        readers.workloads.push(testkit::WorkloadRef {
+            namespace: NAMESPACE.into(),
+            service_account: sa,
+        });
     }
+    for (id, dns, kind, passphrase, no_key) in [
+        (
+            CERT_WEB,
+            "web.example.com",
+            testkit::KeyKind::EcdsaP256,
+            Some(CERT_PASSPHRASE),
+            false,
+        ),
+        (
+            CERT_RSA,
+            "rsa.example.com",
+            testkit::KeyKind::Rsa,
+            None,
+            false,
+        ),
+        (
+            CERT_NO_KEY,
+            "csr.example.com",
+            testkit::KeyKind::EcdsaP384,
+            None,
+            true,
+        ),
+    ] {
+        seed = seed.certificate(testkit::CertificateSeed {
+            id: id.into(),
+            name: dns.into(),
+            dns_names: vec![dns.into()],
+            key: kind,
+            passphrase: passphrase.map(str::to_owned),
+            no_private_key: no_key,
+            access: readers.clone(),
+        });
+    }
+    seed = seed
+        .certificate(testkit::CertificateSeed {
+            id: CERT_FORBIDDEN.into(),
+            name: "other".into(),
+            dns_names: vec!["other.example.com".into()],
+            ..testkit::CertificateSeed::default()
+        })
+        .ca_bundle(testkit::CaSeed {
+            id: CA_BUNDLE.into(),
+            name: "roots".into(),
+            access: readers,
+        });
     // The user principal's configuration, as `kubectl create secret generic` would store it.
     let fingerprint = {
         let pem = public_key
@@ -1354,4 +1414,232 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
     assert!(metric(&metrics, "process_threads") >= 1.0);
     assert!(metric(&metrics, "process_start_time_seconds") > 1.7e9);
     assert!(provider.terminate().await.status.success());
+}
+
+/// rustls, with only `ca_crt` as its roots, accepts `tls_crt` for `name`.
+fn tls_verifies(tls_crt: &[u8], ca_crt: &[u8], name: &str) -> Result<(), rustls::Error> {
+    use rustls::client::danger::ServerCertVerifier as _;
+    let certs = |pem: &[u8]| -> Vec<rustls_pki_types::CertificateDer<'static>> {
+        rustls_pemfile::certs(&mut &pem[..])
+            .map(Result::unwrap)
+            .collect()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs(ca_crt) {
+        roots.add(cert).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .unwrap();
+    let chain = certs(tls_crt);
+    verifier
+        .verify_server_cert(
+            &chain[0],
+            &chain[1..],
+            &rustls_pki_types::ServerName::try_from(name.to_owned()).unwrap(),
+            &[],
+            rustls_pki_types::UnixTime::now(),
+        )
+        .map(|_| ())
+}
+
+const CERTIFICATES: &str = "- certificateId: ocid1.certificate.oc1.iad.web
+  privateKey: true
+- certificateId: ocid1.certificate.oc1.iad.rsa
+  privateKey: true
+  directory: rsa
+  keyFileName: server.key
+  mode: \"0600\"
+- caBundleId: ocid1.cabundle.oc1.iad.roots
+  directory: trust
+- name: db-password
+";
+
+#[tokio::test]
+async fn certificates_mount_as_tls_files_for_each_principal() {
+    let emu = emulator(1).await;
+    let provider = provider(&emu, &[], &[NO_CACHE]).await;
+    let mut client = provider.client().await;
+    let mut key_lines: Vec<String> = Vec::new();
+    for auth in ["user", "instance", "workload"] {
+        let response = client
+            .mount(request(auth, "sa-0", 1, CERTIFICATES))
+            .await
+            .unwrap_or_else(|e| panic!("{auth}: {e:?}"))
+            .into_inner();
+        let files = files_of(&response);
+        let paths: Vec<&str> = files.iter().map(|f| f.0).collect();
+        assert_eq!(
+            paths,
+            // The secrets' files, then the certificates', each in the list's order.
+            [
+                "db-password",
+                "web/tls.crt",
+                "web/ca.crt",
+                "web/tls.key",
+                "rsa/tls.crt",
+                "rsa/ca.crt",
+                "rsa/server.key",
+                "trust/ca.crt",
+            ],
+            "{auth}"
+        );
+        let file = |p: &str| files.iter().find(|f| f.0 == p).unwrap().1.clone();
+        for (dir, name, key) in [
+            ("web", "web.example.com", "tls.key"),
+            ("rsa", "rsa.example.com", "server.key"),
+        ] {
+            let (crt, ca, key) = (
+                file(&format!("{dir}/tls.crt")),
+                file(&format!("{dir}/ca.crt")),
+                file(&format!("{dir}/{key}")),
+            );
+            tls_verifies(&crt, &ca, name).unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
+            assert!(tls_verifies(&crt, &ca, "evil.example.com").is_err());
+            // The key is unencrypted PKCS#8 and the leaf's: TlsFiles checks it matches.
+            assert!(
+                key.starts_with(b"-----BEGIN PRIVATE KEY-----\n"),
+                "{auth} {dir}"
+            );
+            key_lines.extend(
+                String::from_utf8_lossy(&key)
+                    .lines()
+                    .filter(|l| !l.starts_with("-----"))
+                    .map(str::to_owned),
+            );
+            vault::TlsFiles::new(std::str::from_utf8(&crt).unwrap(), None, Some((&key, None)))
+                .unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
+        }
+        // The CA bundle alone trusts the leaf too.
+        tls_verifies(
+            &file("web/tls.crt"),
+            &file("trust/ca.crt"),
+            "web.example.com",
+        )
+        .unwrap();
+        let modes: Vec<i32> = files
+            .iter()
+            .filter(|f| f.0.starts_with("rsa/"))
+            .map(|f| f.2)
+            .collect();
+        assert_eq!(modes, [0o600; 3], "the entry's mode");
+        assert_eq!(
+            files.iter().find(|f| f.0 == "web/tls.crt").unwrap().2,
+            0o644
+        );
+        let versions = versions_of(&response);
+        assert!(versions.contains(&(CERT_WEB, "1")), "{versions:?}");
+        assert!(versions.contains(&(CA_BUNDLE, "0")), "{versions:?}");
+    }
+    let with_key = emu
+        .certificate_calls()
+        .iter()
+        .filter(|c| c.bundle_type.as_deref() == Some("CERTIFICATE_CONTENT_WITH_PRIVATE_KEY"))
+        .count();
+    assert_eq!(with_key, 6, "two certificates with keys, three principals");
+
+    // Without privateKey: true no key is asked for and none is written.
+    let before = emu.certificate_calls().len();
+    let response = client
+        .mount(request(
+            "workload",
+            "sa-0",
+            2,
+            "- certificateId: ocid1.certificate.oc1.iad.web\n",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        files_of(&response).iter().map(|f| f.0).collect::<Vec<_>>(),
+        ["web/tls.crt", "web/ca.crt"]
+    );
+    let calls = emu.certificate_calls();
+    assert_eq!(calls.len(), before + 1);
+    assert_eq!(
+        calls.last().unwrap().bundle_type.as_deref(),
+        Some("CERTIFICATE_CONTENT_PUBLIC_ONLY")
+    );
+
+    // A renewal is a new object version, so the driver's rotation rewrites the files.
+    assert_eq!(emu.renew_certificate(CERT_WEB).unwrap(), 2);
+    let renewed = client
+        .mount(request(
+            "workload",
+            "sa-0",
+            2,
+            "- certificateId: ocid1.certificate.oc1.iad.web\n",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(versions_of(&renewed).contains(&(CERT_WEB, "2")));
+    assert_ne!(files_of(&renewed)[0].1, files_of(&response)[0].1);
+    let metrics = provider.metrics().await;
+    let gauge = metric(
+        &metrics,
+        &format!("oci_provider_certificate_not_after_seconds{{certificate=\"{CERT_WEB}\"}}"),
+    );
+    assert!(gauge > 1.7e9, "{gauge}");
+
+    // Errors: a key OCI does not hold, a revoked version, IAM, misplaced fields.
+    let cases = [
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.csr\n  privateKey: true\n".to_owned(),
+            Code::InvalidArgument,
+            "has no private key",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  versionNumber: 1\n".to_owned(),
+            Code::InvalidArgument,
+            "is revoked (KEY_COMPROMISE)",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.forbidden\n".to_owned(),
+            Code::NotFound,
+            "read leaf-certificate-bundles",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  fileName: cert.pem\n".to_owned(),
+            Code::InvalidArgument,
+            "secrets[0].fileName does not apply to a certificateId entry",
+        ),
+        (
+            "- caBundleId: ocid1.cabundle.oc1.iad.roots\n  privateKey: true\n".to_owned(),
+            Code::InvalidArgument,
+            "secrets[0].privateKey does not apply to a caBundleId entry",
+        ),
+        (
+            "- certificateId: ocid1.vaultsecret.oc1.iad.db\n".to_owned(),
+            Code::InvalidArgument,
+            "is not a certificate OCID",
+        ),
+    ];
+    emu.revoke_certificate_version(CERT_WEB, 1, "KEY_COMPROMISE")
+        .unwrap();
+    for (secrets, code, text) in cases {
+        let status = client
+            .mount(request("workload", "sa-0", 3, &secrets))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), code, "{secrets}: {}", status.message());
+        assert!(
+            status.message().contains(text),
+            "{secrets}: {}",
+            status.message()
+        );
+    }
+
+    // No key material or passphrase in the logs.
+    let output = provider.terminate().await;
+    let logs = &output.stderr;
+    assert!(!logs.contains(CERT_PASSPHRASE));
+    assert!(!logs.contains("PRIVATE KEY"));
+    assert!(!key_lines.is_empty());
+    assert!(
+        key_lines.iter().all(|l| !logs.contains(l.as_str())),
+        "no key material in the logs"
+    );
 }

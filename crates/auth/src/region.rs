@@ -217,6 +217,15 @@ impl Region {
         }
     }
 
+    /// `https://certificates.<region>.oci.<domain>` (the OCI SDK's Certificates endpoint
+    /// template; `docs/oci-certificates.md`); for a dotted region `https://certificates.<region>`.
+    pub fn certificates_endpoint(&self) -> String {
+        match &self.domain {
+            Some(domain) => format!("https://certificates.{}.oci.{domain}", self.id),
+            None => format!("https://certificates.{}", self.id),
+        }
+    }
+
     /// `https://auth.<region>.<domain>` (spec 4.3); for a dotted region
     /// `https://auth.<region>`.
     pub fn federation_endpoint(&self) -> String {

@@ -7,15 +7,17 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
+mod certificates;
 mod extract;
 mod params;
 mod service;
 
 pub use budget::{ByteBudget, Reservation};
+pub use certificates::{CertificateExpiry, CertificateService, NoCertificates};
 pub use extract::{Format, KeySpec};
 pub use params::{
-    AuthSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters, ParamError, SecretSource, SecretSpec,
-    Stage, VersionSelector,
+    AuthSpec, CertificateKind, CertificateSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters,
+    ParamError, SecretSource, SecretSpec, Stage, VersionSelector,
 };
 pub use service::{
     BundleResponse, IdentityService, MountConfig, OciMount, RegionResolver, RegionStats,

@@ -90,6 +90,8 @@ impl Encoding {
 /// One entry of the `secrets` parameter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretSpec {
+    /// Its position in the `secrets` list (messages say `secrets[index]`).
+    pub index: usize,
     /// Which secret.
     pub source: SecretSource,
     /// Which version.
@@ -123,6 +125,61 @@ impl SecretSpec {
     }
 }
 
+/// What a certificate entry reads from the OCI Certificates service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CertificateKind {
+    /// `certificateId`: leaf, chain and (with `privateKey: true`) key.
+    Certificate,
+    /// `certificateAuthorityId`: the CA's certificate and chain, as `ca.crt`.
+    CertificateAuthority,
+    /// `caBundleId`: a CA bundle, as `ca.crt`.
+    CaBundle,
+}
+
+impl CertificateKind {
+    /// The entry field that names it.
+    pub fn field(self) -> &'static str {
+        match self {
+            CertificateKind::Certificate => "certificateId",
+            CertificateKind::CertificateAuthority => "certificateAuthorityId",
+            CertificateKind::CaBundle => "caBundleId",
+        }
+    }
+}
+
+/// One certificate entry of the `secrets` parameter (issue 15).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateSpec {
+    /// Its position in the `secrets` list.
+    pub index: usize,
+    /// Certificate, CA or CA bundle.
+    pub kind: CertificateKind,
+    /// The OCID.
+    pub id: String,
+    /// Which version (`CURRENT` by default; CA bundles have none).
+    pub selector: VersionSelector,
+    /// Whether the key is asked for and written (`privateKey: true`).
+    pub private_key: bool,
+    /// `directory/tls.crt` (or `certFileName`); certificates only.
+    pub cert_path: Option<FilePath>,
+    /// `directory/ca.crt` (or `chainFileName`).
+    pub chain_path: FilePath,
+    /// `directory/tls.key` (or `keyFileName`), with `privateKey: true` only.
+    pub key_path: Option<FilePath>,
+    /// The files' mode (`mode`); `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+}
+
+impl CertificateSpec {
+    /// Every file this entry writes.
+    pub fn files(&self) -> impl Iterator<Item = &FilePath> {
+        self.cert_path
+            .iter()
+            .chain(std::iter::once(&self.chain_path))
+            .chain(self.key_path.iter())
+    }
+}
+
 /// How the provider authenticates to OCI (`authType`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuthSpec {
@@ -142,6 +199,8 @@ pub enum AuthSpec {
 pub struct MountParameters {
     /// The secrets, in request order.
     pub secrets: Vec<SecretSpec>,
+    /// The certificate entries, in request order.
+    pub certificates: Vec<CertificateSpec>,
     /// The class-level `vaultId`, if given (each `name` entry has its vault in its
     /// [`SecretSource`]).
     pub vault_id: Option<String>,
@@ -273,6 +332,21 @@ struct RawSecret {
     format: Option<String>,
     #[serde(rename = "failoverVaultId")]
     failover_vault_id: Option<String>,
+    #[serde(rename = "certificateId")]
+    certificate_id: Option<String>,
+    #[serde(rename = "certificateAuthorityId")]
+    certificate_authority_id: Option<String>,
+    #[serde(rename = "caBundleId")]
+    ca_bundle_id: Option<String>,
+    #[serde(rename = "privateKey")]
+    private_key: Option<bool>,
+    directory: Option<String>,
+    #[serde(rename = "certFileName")]
+    cert_file_name: Option<String>,
+    #[serde(rename = "chainFileName")]
+    chain_file_name: Option<String>,
+    #[serde(rename = "keyFileName")]
+    key_file_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -321,9 +395,10 @@ impl MountParameters {
             )));
         }
         let failover = failover_region.as_ref().map(|_| failover_vault.as_deref());
-        let secrets = check_secrets(raw, vault_id.as_deref(), failover)?;
+        let (secrets, certificates) = check_secrets(raw, vault_id.as_deref(), failover)?;
         Ok(Self {
             secrets,
+            certificates,
             vault_id,
             auth,
             region,
@@ -509,13 +584,14 @@ fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
     }
     let prefix = match kind {
         "secret" => "ocid1.vaultsecret.",
-        _ => "ocid1.vault.",
+        "vault" => "ocid1.vault.",
+        other => &format!("ocid1.{other}."),
     };
-    // The Go provider sent any vaultId as given; only secret OCIDs (new) are held to their
-    // type.
-    if kind == "secret" && !id.starts_with(prefix) {
+    // The Go provider sent any vaultId as given; only OCIDs of what it did not read (secret
+    // and certificate OCIDs, new) are held to their type.
+    if kind != "vault" && !id.starts_with(prefix) {
         return Err(ParamError(format!(
-            "{what} {id:?} is not a secret OCID: it must start with {prefix}"
+            "{what} {id:?} is not a {kind} OCID: it must start with {prefix}"
         )));
     }
     Ok(id.to_owned())
@@ -526,7 +602,7 @@ fn check_secrets(
     raw: Vec<RawSecret>,
     class_vault: Option<&str>,
     failover: Option<Option<&str>>,
-) -> Result<Vec<SecretSpec>, ParamError> {
+) -> Result<(Vec<SecretSpec>, Vec<CertificateSpec>), ParamError> {
     if raw.is_empty() {
         return Err(ParamError(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
@@ -535,7 +611,23 @@ fn check_secrets(
     let mut specs = Vec::with_capacity(raw.len());
     // Output path -> (index, whether it came from fileName), for duplicate messages.
     let mut paths: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    let mut certificates = Vec::new();
     for (index, item) in raw.into_iter().enumerate() {
+        if let Some(kind) = certificate_kind(&item) {
+            let spec = check_certificate(index, kind, &item)?;
+            for path in spec.files() {
+                if let Some((first, _)) = paths.insert(path.as_str().to_owned(), (index, true)) {
+                    return Err(ParamError(format!(
+                        "{RETRIEVE_PREFIX}: duplicated file name: {path}: secrets[{first}] and \
+                         secrets[{index}] would both be written to file {:?}",
+                        path.as_str()
+                    )));
+                }
+            }
+            certificates.push(spec);
+            continue;
+        }
+        refuse_certificate_fields(index, &item)?;
         let spec = check_secret(index, &item, class_vault, failover)?;
         let from_file_name = item
             .file_name
@@ -570,12 +662,184 @@ fn check_secrets(
         }
         specs.push(spec);
     }
-    validate_file_set(specs.iter().flat_map(SecretSpec::files)).map_err(|e| {
+    validate_file_set(
+        specs
+            .iter()
+            .flat_map(SecretSpec::files)
+            .chain(certificates.iter().flat_map(CertificateSpec::files)),
+    )
+    .map_err(|e| {
         ParamError(format!(
             "{RETRIEVE_PREFIX}: invalid file name in parameter \"secrets\": {e}"
         ))
     })?;
-    Ok(specs)
+    Ok((specs, certificates))
+}
+
+/// The certificate kind an entry names, if it names one (several are refused later).
+fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {
+    [
+        (&item.certificate_id, CertificateKind::Certificate),
+        (
+            &item.certificate_authority_id,
+            CertificateKind::CertificateAuthority,
+        ),
+        (&item.ca_bundle_id, CertificateKind::CaBundle),
+    ]
+    .into_iter()
+    .find_map(|(id, kind)| id.as_deref().is_some_and(|v| !v.is_empty()).then_some(kind))
+}
+
+/// A secret entry with a field that only certificate entries take.
+fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
+    let given = [
+        ("privateKey", item.private_key.is_some()),
+        ("directory", item.directory.is_some()),
+        ("certFileName", item.cert_file_name.is_some()),
+        ("chainFileName", item.chain_file_name.is_some()),
+        ("keyFileName", item.key_file_name.is_some()),
+    ];
+    match given.iter().find(|(_, set)| *set) {
+        Some((field, _)) => Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to certificate entries only \
+             (certificateId, certificateAuthorityId, caBundleId)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A `certificateId` / `certificateAuthorityId` / `caBundleId` entry.
+fn check_certificate(
+    index: usize,
+    kind: CertificateKind,
+    item: &RawSecret,
+) -> Result<CertificateSpec, ParamError> {
+    let field = kind.field();
+    let named: Vec<&str> = [
+        ("certificateId", &item.certificate_id),
+        ("certificateAuthorityId", &item.certificate_authority_id),
+        ("caBundleId", &item.ca_bundle_id),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.as_deref().is_some_and(|v| !v.is_empty()))
+    .map(|(k, _)| k)
+    .collect();
+    if named.len() > 1 {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}] has {}: give exactly one",
+            named.join(" and ")
+        )));
+    }
+    let applies = match kind {
+        CertificateKind::Certificate => {
+            "certificateId entries take stage, versionNumber, \
+             versionName, privateKey, directory, certFileName, chainFileName, keyFileName and mode"
+        }
+        CertificateKind::CertificateAuthority => {
+            "certificateAuthorityId entries take stage, \
+             versionNumber, versionName, directory, chainFileName and mode"
+        }
+        CertificateKind::CaBundle => "caBundleId entries take directory, chainFileName and mode",
+    };
+    let secret_fields = [
+        ("name", item.name.is_some()),
+        ("secretId", item.secret_id.is_some()),
+        ("vaultId", item.vault_id.is_some()),
+        ("fileName", item.file_name.is_some()),
+        ("encoding", item.encoding.is_some()),
+        ("keys", item.keys.is_some()),
+        ("format", item.format.is_some()),
+        ("failoverVaultId", item.failover_vault_id.is_some()),
+    ];
+    let ca_only_refused = [
+        ("privateKey", item.private_key.is_some()),
+        ("certFileName", item.cert_file_name.is_some()),
+        ("keyFileName", item.key_file_name.is_some()),
+    ];
+    let bundle_refused = [
+        ("stage", item.stage.is_some()),
+        ("versionNumber", item.version_number.is_some()),
+        ("versionName", item.version_name.is_some()),
+    ];
+    let refused = secret_fields
+        .iter()
+        .chain(
+            ca_only_refused
+                .iter()
+                .filter(|_| kind != CertificateKind::Certificate),
+        )
+        .chain(
+            bundle_refused
+                .iter()
+                .filter(|_| kind == CertificateKind::CaBundle),
+        )
+        .find(|(_, set)| *set);
+    if let Some((bad, _)) = refused {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].{bad} does not apply to a {field} entry: {applies}"
+        )));
+    }
+    let id = item
+        .certificate_id
+        .as_deref()
+        .or(item.certificate_authority_id.as_deref())
+        .or(item.ca_bundle_id.as_deref())
+        .unwrap_or_default();
+    let ocid_kind = match kind {
+        CertificateKind::Certificate => "certificate",
+        CertificateKind::CertificateAuthority => "certificateauthority",
+        CertificateKind::CaBundle => "cabundle",
+    };
+    let id = check_ocid(
+        &format!("{RETRIEVE_PREFIX}: secrets[{index}].{field}"),
+        id,
+        ocid_kind,
+    )?;
+    let selector = parse_selector(index, item, &id)?;
+    let private_key = item.private_key.unwrap_or(false);
+    let directory = match item.directory.as_deref().map(str::trim) {
+        Some(d) if !d.is_empty() => d.trim_end_matches('/').to_owned(),
+        _ => id.rsplit('.').next().unwrap_or(&id).to_owned(),
+    };
+    let file = |key: &str, given: &Option<String>, default: &str| -> Result<FilePath, ParamError> {
+        let name = given
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default);
+        FilePath::new(format!("{directory}/{name}")).map_err(|e| {
+            ParamError(format!(
+                "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{key}: {e}"
+            ))
+        })
+    };
+    let cert_path = match kind {
+        CertificateKind::Certificate => {
+            Some(file("certFileName", &item.cert_file_name, "tls.crt")?)
+        }
+        _ => None,
+    };
+    let chain_path = file("chainFileName", &item.chain_file_name, "ca.crt")?;
+    let key_path = match (private_key, &item.key_file_name) {
+        (true, given) => Some(file("keyFileName", given, "tls.key")?),
+        (false, Some(_)) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].keyFileName needs privateKey: true"
+            )));
+        }
+        (false, None) => None,
+    };
+    Ok(CertificateSpec {
+        index,
+        kind,
+        id,
+        selector,
+        private_key,
+        cert_path,
+        chain_path,
+        key_path,
+        mode: parse_mode(index, item.mode.as_ref())?,
+    })
 }
 
 fn check_secret(
@@ -641,52 +905,7 @@ fn check_secret(
         }
     };
     let shown = source.display().to_owned();
-    let stage = match item.stage.as_deref() {
-        None | Some("") => None,
-        Some(s) => Some(s.parse::<Stage>().map_err(|_| {
-            ParamError(format!(
-                "{UNMARSHAL_PREFIX}: secrets[{index}].stage {s:?} is not one of CURRENT, PENDING, \
-                 LATEST, PREVIOUS, DEPRECATED (upper case)"
-            ))
-        })?),
-    };
-    let number = match &item.version_number {
-        None => None,
-        Some(raw) => parse_version_number(index, raw)?,
-    };
-    let version_name = match item.version_name.as_deref() {
-        None | Some("") => None,
-        Some(n) if n.len() > MAX_OCI_PARAMETER_LEN || n.trim() != n => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secrets[{index}].versionName {n:?} is not a version name (at \
-                 most {MAX_OCI_PARAMETER_LEN} characters, no surrounding spaces)"
-            )));
-        }
-        Some(n) => Some(n.to_owned()),
-    };
-    let selector = match (stage, number, version_name) {
-        (None, None, Some(version_name)) => VersionSelector::Name(version_name),
-        (Some(stage), Some(number), _) => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secret should be identified either with a version number or \
-                 with stage: secrets[{index}] ({shown:?}) has stage {stage} and versionNumber {number}"
-            )));
-        }
-        (stage, number, Some(version_name)) => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secrets[{index}] ({shown:?}) has versionName \
-                 {version_name:?} and also {}: give at most one of stage, versionNumber, \
-                 versionName",
-                stage.map_or_else(
-                    || format!("versionNumber {}", number.unwrap_or_default()),
-                    |s| format!("stage {s}")
-                )
-            )));
-        }
-        (Some(stage), None, None) => VersionSelector::Stage(stage),
-        (None, Some(number), None) => VersionSelector::Number(number),
-        (None, None, None) => VersionSelector::Stage(Stage::Current),
-    };
+    let selector = parse_selector(index, item, &shown)?;
     let (field, raw_path) = match (item.file_name.as_deref().map(str::trim), &source) {
         (Some(f), _) if !f.is_empty() => ("fileName", f.to_owned()),
         (_, SecretSource::Name { name, .. }) => ("name", name.trim().to_owned()),
@@ -769,6 +988,7 @@ fn check_secret(
         }
     };
     Ok(SecretSpec {
+        index,
         failover,
         source,
         selector,
@@ -778,6 +998,60 @@ fn check_secret(
         keys,
         format,
         whole,
+    })
+}
+
+/// `stage`, `versionNumber`, `versionName`: at most one (default stage `CURRENT`).
+fn parse_selector(
+    index: usize,
+    item: &RawSecret,
+    shown: &str,
+) -> Result<VersionSelector, ParamError> {
+    let stage = match item.stage.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(s.parse::<Stage>().map_err(|_| {
+            ParamError(format!(
+                "{UNMARSHAL_PREFIX}: secrets[{index}].stage {s:?} is not one of CURRENT, PENDING, \
+                 LATEST, PREVIOUS, DEPRECATED (upper case)"
+            ))
+        })?),
+    };
+    let number = match &item.version_number {
+        None => None,
+        Some(raw) => parse_version_number(index, raw)?,
+    };
+    let version_name = match item.version_name.as_deref() {
+        None | Some("") => None,
+        Some(n) if n.len() > MAX_OCI_PARAMETER_LEN || n.trim() != n => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].versionName {n:?} is not a version name (at \
+                 most {MAX_OCI_PARAMETER_LEN} characters, no surrounding spaces)"
+            )));
+        }
+        Some(n) => Some(n.to_owned()),
+    };
+    Ok(match (stage, number, version_name) {
+        (None, None, Some(version_name)) => VersionSelector::Name(version_name),
+        (Some(stage), Some(number), _) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secret should be identified either with a version number or \
+                 with stage: secrets[{index}] ({shown:?}) has stage {stage} and versionNumber {number}"
+            )));
+        }
+        (stage, number, Some(version_name)) => {
+            return Err(ParamError(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}] ({shown:?}) has versionName \
+                 {version_name:?} and also {}: give at most one of stage, versionNumber, \
+                 versionName",
+                stage.map_or_else(
+                    || format!("versionNumber {}", number.unwrap_or_default()),
+                    |s| format!("stage {s}")
+                )
+            )));
+        }
+        (Some(stage), None, None) => VersionSelector::Stage(stage),
+        (None, Some(number), None) => VersionSelector::Number(number),
+        (None, None, None) => VersionSelector::Stage(Stage::Current),
     })
 }
 

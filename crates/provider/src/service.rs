@@ -89,6 +89,8 @@ pub struct MountConfig {
     pub regions: Option<Arc<dyn RegionResolver>>,
     /// Counts which region served each entry.
     pub served: Arc<RegionStats>,
+    /// The `notAfter` of the certificates mounted lately (the expiry gauge).
+    pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
 }
 
 impl Default for MountConfig {
@@ -101,29 +103,32 @@ impl Default for MountConfig {
             fetch_reserve_bytes: 256 * 1024,
             regions: None,
             served: Arc::new(RegionStats::default()),
+            certificate_expiry: Arc::default(),
         }
     }
 }
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the secrets
 /// fetched concurrently (bounded), all or nothing.
-pub struct OciMount<A, V> {
+pub struct OciMount<A, V, C = crate::certificates::NoCertificates> {
     auth: A,
     vault: V,
+    certificates: C,
     config: Arc<MountConfig>,
 }
 
-impl<A: Clone, V: Clone> Clone for OciMount<A, V> {
+impl<A: Clone, V: Clone, C: Clone> Clone for OciMount<A, V, C> {
     fn clone(&self) -> Self {
         Self {
             auth: self.auth.clone(),
             vault: self.vault.clone(),
+            certificates: self.certificates.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<A, V> fmt::Debug for OciMount<A, V> {
+impl<A, V, C> fmt::Debug for OciMount<A, V, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OciMount")
             .field("config", &self.config)
@@ -139,12 +144,34 @@ where
     V::Future: Send + 'static,
 {
     /// A mount service establishing identities with `auth` (a tower service, usually
-    /// `auth::Principals`) and fetching through `vault`.
+    /// `auth::Principals`) and fetching through `vault`; certificate entries are refused
+    /// until [`OciMount::with_certificates`] gives it a Certificates client.
     pub fn new(auth: A, vault: V, config: MountConfig) -> Self {
         Self {
             auth,
             vault,
+            certificates: crate::certificates::NoCertificates,
             config: Arc::new(config),
+        }
+    }
+}
+
+impl<A, V, C> OciMount<A, V, C>
+where
+    A: IdentityService,
+    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
+    V::Response: BundleResponse,
+    V::Future: Send + 'static,
+    C: crate::certificates::CertificateService,
+{
+    /// The same service reading certificate entries through `certificates` (a
+    /// `vault::VaultClient`: the same signing and transport as the Secrets API).
+    pub fn with_certificates<C2>(self, certificates: C2) -> OciMount<A, V, C2> {
+        OciMount {
+            auth: self.auth,
+            vault: self.vault,
+            certificates,
+            config: self.config,
         }
     }
 
@@ -189,12 +216,104 @@ where
         let (bundles, _reservations) = self
             .fetch_all(&params, &established, &targets, request.deadline)
             .await?;
-        assemble(
+        let mut response = assemble(
             &params,
             bundles,
             request.file_mode,
             self.config.max_total_bytes,
-        )
+        )?;
+        if !params.certificates.is_empty() {
+            let (files, versions) = self
+                .fetch_certificates(&params, &established, &targets, request)
+                .await?;
+            response.files.extend(files);
+            response.object_versions.extend(versions);
+            let written: usize = response.files.iter().map(|f| f.contents.len()).sum();
+            if written > self.config.max_total_bytes {
+                return Err(MountError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "the files of this mount take {written} bytes with its certificates, \
+                         more than the {} bytes the driver accepts in one response",
+                        self.config.max_total_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(response)
+    }
+
+    /// The certificate entries, fetched concurrently (bounded by the fan-out) with the
+    /// mount's identity; the first failure fails the mount.
+    async fn fetch_certificates(
+        &self,
+        params: &MountParameters,
+        established: &auth::Established,
+        targets: &Targets,
+        request: MountRequest,
+    ) -> Result<(Vec<File>, Vec<ObjectVersion>), MountError> {
+        let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
+        let mut pending: FuturesUnordered<_> = params
+            .certificates
+            .iter()
+            .map(|spec| {
+                let call = crate::certificates::request(
+                    spec,
+                    &targets.certificates,
+                    &established.credential,
+                    request.deadline,
+                );
+                let client = self.certificates.clone();
+                let permits = permits.clone();
+                let span = tracing::info_span!(
+                    "fetch certificate",
+                    entry = spec.index,
+                    certificate = %spec.id,
+                    private_key = spec.private_key,
+                    oci.request_id = tracing::field::Empty,
+                    error.kind = tracing::field::Empty,
+                );
+                let record = span.clone();
+                tracing::Instrument::instrument(
+                    async move {
+                        let _permit = permits.acquire_owned().await;
+                        let answer = client.oneshot(call).await;
+                        match &answer {
+                            Ok(bundle) => {
+                                if let Some(id) = &bundle.opc_request_id {
+                                    record.record("oci.request_id", id.as_str());
+                                }
+                            }
+                            Err(err) => {
+                                record.record("error.kind", vault_kind(err).as_str());
+                            }
+                        }
+                        (spec, answer)
+                    },
+                    span,
+                )
+            })
+            .collect();
+        let mut files = Vec::new();
+        let mut versions = Vec::new();
+        let mut done = Vec::new();
+        while let Some((spec, answer)) = pending.next().await {
+            let bundle = answer.map_err(|err| crate::certificates::fetch_error(spec, &err))?;
+            done.push((spec.index, spec, bundle));
+        }
+        // In request order.
+        done.sort_by_key(|(index, _, _)| *index);
+        for (_, spec, bundle) in done {
+            let (f, v) = crate::certificates::files(
+                spec,
+                &bundle,
+                request.file_mode,
+                &self.config.certificate_expiry,
+            )?;
+            files.extend(f);
+            versions.push(v);
+        }
+        Ok((files, versions))
     }
 
     /// The primary region's Secrets endpoint (`region`, else the principal's) and the
@@ -214,13 +333,14 @@ where
                 MountError::invalid_argument(format!("parameter {key:?} {region:?}: {why}"))
             })
         };
-        let (primary, realm) = match &params.region {
+        let (primary, certificates, realm) = match &params.region {
             Some(region) => {
                 let r = resolve("region", region)?;
-                (r.secrets_endpoint, r.realm)
+                (r.secrets_endpoint, r.certificates_endpoint, r.realm)
             }
             None => (
                 established.secrets_endpoint.clone(),
+                established.certificates_endpoint.clone(),
                 established
                     .region
                     .as_ref()
@@ -242,7 +362,11 @@ where
                 Some(target)
             }
         };
-        Ok(Targets { primary, failover })
+        Ok(Targets {
+            primary,
+            certificates,
+            failover,
+        })
     }
 
     async fn fetch_all(
@@ -465,6 +589,8 @@ fn log_shared(
 struct Targets {
     /// The primary region's Secrets base URL.
     primary: String,
+    /// The primary region's Certificates base URL (certificate entries do not fail over).
+    certificates: String,
     /// The failover region, if the class names one.
     failover: Option<ResolvedRegion>,
 }
@@ -489,6 +615,8 @@ pub struct ResolvedRegion {
     pub realm: Option<String>,
     /// Its Secrets base URL.
     pub secrets_endpoint: String,
+    /// Its Certificates base URL.
+    pub certificates_endpoint: String,
 }
 
 /// Resolves the `region` and `failoverRegion` of SecretProviderClasses: only regions the
@@ -531,7 +659,10 @@ fn too_large(
     let listed: Vec<String> = sizes
         .iter()
         .take(20)
-        .map(|(i, size)| format!("secrets[{i}] {} ({size} bytes)", params.secrets[*i].path))
+        .map(|(i, size)| {
+            let spec = &params.secrets[*i];
+            format!("secrets[{}] {} ({size} bytes)", spec.index, spec.path)
+        })
         .collect();
     let more = sizes.len().saturating_sub(listed.len());
     let more = if more > 0 {
@@ -571,7 +702,7 @@ fn vault_kind(err: &vault::VaultError) -> ErrorKind {
 
 /// The one mapping from the kind below the gRPC edge (auth's, which vault shares) to the
 /// gRPC code.
-fn grpc_kind(kind: auth::ErrorKind) -> ErrorKind {
+pub(crate) fn grpc_kind(kind: auth::ErrorKind) -> ErrorKind {
     match kind {
         auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
         auth::ErrorKind::NotFound => ErrorKind::NotFound,
@@ -648,7 +779,8 @@ fn combine(
     let mut listed = 0;
     for (index, err) in &failures {
         let cause = format!(
-            "secrets[{index}] {:?}: {}",
+            "secrets[{}] {:?}: {}",
+            params.secrets[*index].index,
             params.secrets[*index].source.display(),
             chain(err)
         );
@@ -711,7 +843,8 @@ fn assemble(
     }
     let mut object_versions = Vec::with_capacity(bundles.len());
     let mut files = Vec::with_capacity(bundles.len());
-    for (index, (spec, bundle)) in params.secrets.iter().zip(bundles).enumerate() {
+    for (spec, bundle) in params.secrets.iter().zip(bundles) {
+        let index = spec.index;
         // The driver keys versions by id; one OCID mounted twice (two versions, two
         // files) would collapse, so such ids carry the file path.
         let id = if ids.get(&bundle.secret_id).copied().unwrap_or(0) > 1 {
@@ -852,12 +985,13 @@ fn decode(
     }
 }
 
-impl<A, V> Service<MountRequest> for OciMount<A, V>
+impl<A, V, C> Service<MountRequest> for OciMount<A, V, C>
 where
     A: IdentityService,
     V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
     V::Response: BundleResponse,
     V::Future: Send + 'static,
+    C: crate::certificates::CertificateService,
 {
     type Response = MountResponse;
     type Error = MountError;

@@ -665,6 +665,7 @@ impl EmulatorHandle {
              region = {region:?}\n\n\
              [endpoints]\n\
              secrets = {:?}\n\
+             certificates = {:?}\n\
              federation = {:?}\n\
              proxymux = {:?}\n\
              kubernetes_api = {:?}\n\
@@ -675,6 +676,7 @@ impl EmulatorHandle {
              proxymux_ca_file = {:?}\n\
              oci_ca_files = [{:?}]\n",
             self.url(Endpoint::Secrets),
+            self.url(Endpoint::Certificates),
             self.url(Endpoint::Auth),
             self.url(Endpoint::Proxymux),
             self.url(Endpoint::Kube),

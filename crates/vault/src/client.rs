@@ -206,6 +206,8 @@ pub(crate) trait Call: Send + 'static {
     fn deadline(&self) -> Instant;
     fn identity(&self) -> auth::Identity;
     fn describe(&self) -> String;
+    /// The IAM grant a 404 names.
+    fn grant(&self) -> &'static str;
     fn base_url(&self) -> &str;
     fn method_and_uri(&self) -> (http::Method, String);
     fn parse(
@@ -225,6 +227,9 @@ impl Call for SecretRequest {
     }
     fn describe(&self) -> String {
         SecretRequest::describe(self)
+    }
+    fn grant(&self) -> &'static str {
+        Subject::SECRETS_GRANT
     }
     fn base_url(&self) -> &str {
         &self.base_url
@@ -247,6 +252,12 @@ impl Call for CertificateRequest {
     }
     fn describe(&self) -> String {
         CertificateRequest::describe(self)
+    }
+    fn grant(&self) -> &'static str {
+        match self.target {
+            crate::CertificateRef::Certificate(_) => Subject::CERTIFICATES_GRANT,
+            _ => Subject::CA_GRANT,
+        }
     }
     fn base_url(&self) -> &str {
         &self.base_url
@@ -380,6 +391,7 @@ where
         Box::new(Subject {
             secret: self.secret.clone(),
             principal: self.request.identity(),
+            grant: self.request.grant(),
         })
     }
 
@@ -643,6 +655,10 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("certificate ocid1.certificate.oc1..c"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("read leaf-certificate-bundles"),
             "{err}"
         );
     }

@@ -106,6 +106,19 @@ pub struct Subject {
     pub secret: String,
     /// Who asked.
     pub principal: Identity,
+    /// The IAM grant a 404 points at, e.g. [`Subject::SECRETS_GRANT`].
+    pub grant: &'static str,
+}
+
+impl Subject {
+    /// What reading a secret needs.
+    pub const SECRETS_GRANT: &'static str = "\"read secret-bundles\" on the vault's compartment";
+    /// What reading a certificate needs.
+    pub const CERTIFICATES_GRANT: &'static str =
+        "\"read leaf-certificate-bundles\" on the certificate's compartment";
+    /// What reading a CA or a CA bundle needs.
+    pub const CA_GRANT: &'static str =
+        "\"read certificate-authority-bundles\" on the CA's compartment";
 }
 
 /// Why a secret bundle could not be fetched.
@@ -120,9 +133,9 @@ pub enum VaultError {
     /// HTTP 404: unknown name, vault or version, or no IAM permission (OCI does not say
     /// which).
     #[error(
-        "{secret} not found, or the principal may not read it: check the IAM policy grants \"read secret-bundles\" on the vault's compartment (principal: {principal}; {oci}; {})",
+        "{secret} not found, or the principal may not read it: check the IAM policy grants {grant} (principal: {principal}; {oci}; {})",
         Rid(.opc_request_id)
-    , secret = .subject.secret, principal = .subject.principal)]
+    , secret = .subject.secret, principal = .subject.principal, grant = .subject.grant)]
     NotFound {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -479,6 +492,7 @@ mod tests {
             Box::new(Subject {
                 secret: "secret \"s\" (stage CURRENT) in vault v".into(),
                 principal: Identity::Instance,
+                grant: Subject::SECRETS_GRANT,
             }),
             OciError {
                 status,

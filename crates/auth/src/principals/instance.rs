@@ -58,11 +58,13 @@ pub(super) async fn establish(
 ) -> Result<super::Established, AuthError> {
     let region = region(inner, deadline).await?;
     let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
+    let certificates_endpoint = inner.certificates_endpoint(Some(region))?;
     let session = session(inner, deadline).await?;
     Ok(super::Established {
         region: Some(region.clone()),
         credential: session.credential,
         secrets_endpoint,
+        certificates_endpoint,
     })
 }
 

@@ -61,6 +61,10 @@ pub struct PrincipalsConfig {
     /// Secrets API base URLs by region id, before `secrets_endpoint` (tests point two
     /// regions at the emulator; a private endpoint per region).
     pub secrets_endpoints_by_region: BTreeMap<String, String>,
+    /// Certificates API base URL for every principal, instead of the region's.
+    pub certificates_endpoint: Option<String>,
+    /// Certificates API base URLs by region id, before `certificates_endpoint`.
+    pub certificates_endpoints_by_region: BTreeMap<String, String>,
     /// Federation base URL (`OCI_SDK_AUTH_CLIENT_REGION_URL`; `https://` assumed).
     pub federation_endpoint: Option<String>,
     /// Instance metadata base URL, e.g. `http://169.254.169.254/opc/v2`.
@@ -101,6 +105,8 @@ impl Default for PrincipalsConfig {
             default_realm: None,
             secrets_endpoint: None,
             secrets_endpoints_by_region: BTreeMap::new(),
+            certificates_endpoint: None,
+            certificates_endpoints_by_region: BTreeMap::new(),
             federation_endpoint: None,
             instance_metadata: DEFAULT_INSTANCE_METADATA.to_owned(),
             proxymux: None,
@@ -232,6 +238,8 @@ pub struct Established {
     pub region: Option<Region>,
     /// Secrets API base URL, without a trailing slash.
     pub secrets_endpoint: String,
+    /// Certificates API base URL, without a trailing slash.
+    pub certificates_endpoint: String,
 }
 
 impl Established {
@@ -340,6 +348,11 @@ impl Principals {
             inner.workloads.spawn_purger(every),
             inner.instance.spawn_purger(every),
         ]
+    }
+
+    /// The Certificates base URL of a region [`Principals::secrets_region`] resolved.
+    pub fn certificates_region(&self, region: &Region) -> Result<String, AuthError> {
+        self.inner.certificates_endpoint(Some(region))
     }
 
     /// A region a SecretProviderClass names (a region id or short code the provider knows,
@@ -459,6 +472,24 @@ impl Inner {
     }
 
     /// The Secrets base URL for a principal whose region is `region`.
+    fn certificates_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
+        if let Some(url) =
+            region.and_then(|r| self.config.certificates_endpoints_by_region.get(r.id()))
+        {
+            return Ok(url.trim_end_matches('/').to_owned());
+        }
+        if let Some(url) = &self.config.certificates_endpoint {
+            return Ok(url.trim_end_matches('/').to_owned());
+        }
+        region.map(Region::certificates_endpoint).ok_or_else(|| {
+            AuthError::Config(
+                "no region is configured (OCI_RESOURCE_PRINCIPAL_REGION) and no certificates \
+                 endpoint"
+                    .into(),
+            )
+        })
+    }
+
     fn secrets_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
         if let Some(url) = region.and_then(|r| self.config.secrets_endpoints_by_region.get(r.id()))
         {

@@ -93,6 +93,7 @@ pub(super) async fn establish(
         region: Some(loaded.region.clone()),
         credential: loaded.credential.clone(),
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
+        certificates_endpoint: inner.certificates_endpoint(Some(&loaded.region))?,
     })
 }
 

@@ -104,6 +104,7 @@ pub(super) async fn establish(
     let namespace = request.namespace()?;
     let service_account = request.service_account()?;
     let secrets_endpoint = inner.secrets_endpoint(inner.region.as_ref())?;
+    let certificates_endpoint = inner.certificates_endpoint(inner.region.as_ref())?;
     // The mount's own token is checked first, whatever the cache holds: a mount whose
     // token is invalid is refused even if its identity has a valid RPST.
     let supplied = match request
@@ -174,6 +175,7 @@ pub(super) async fn establish(
         region: inner.region.clone(),
         credential: session.credential.clone(),
         secrets_endpoint,
+        certificates_endpoint,
     })
 }
 

@@ -37,6 +37,7 @@ impl tower::Service<auth::IdentityRequest> for Auth {
                     service_account_uid: None,
                 },
                 secrets_endpoint: "https://secrets.example".into(),
+                certificates_endpoint: "https://certificates.example".into(),
             })
         })
     }
@@ -95,6 +96,7 @@ fn subject(request: &vault::SecretRequest) -> Box<vault::Subject> {
     Box::new(vault::Subject {
         secret: format!("{:?}", request.secret),
         principal: request.identity(),
+        grant: vault::Subject::SECRETS_GRANT,
     })
 }
 

@@ -36,6 +36,7 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
         region: None,
         credential: credential.clone(),
         secrets_endpoint: "https://secrets.mock".into(),
+        certificates_endpoint: "https://certificates.mock".into(),
     });
 
     let response = mount.await.unwrap().unwrap();

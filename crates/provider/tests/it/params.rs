@@ -310,3 +310,92 @@ fn identities_that_need_the_pod_say_so() {
         "{err}"
     );
 }
+
+#[test]
+fn certificate_entries_parse_beside_secrets_keeping_their_positions() {
+    let secrets = "- name: db\n- certificateId: ocid1.certificate.oc1.iad.web\n  privateKey: true\n  versionNumber: 3\n- caBundleId: ocid1.cabundle.oc1.iad.roots\n  directory: trust/\n  chainFileName: roots.pem\n- certificateAuthorityId: ocid1.certificateauthority.oc1.iad.ca\n  stage: PENDING\n  mode: \"0444\"\n- name: api\n";
+    let params = MountParameters::parse(&attrs(secrets, &[]), &pod()).unwrap();
+    assert_eq!(
+        params.secrets.iter().map(|s| s.index).collect::<Vec<_>>(),
+        [0, 4]
+    );
+    let files: Vec<Vec<&str>> = params
+        .certificates
+        .iter()
+        .map(|c| c.files().map(|f| f.as_str()).collect())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            vec!["web/tls.crt", "web/ca.crt", "web/tls.key"],
+            vec!["trust/roots.pem"],
+            vec!["ca/ca.crt"],
+        ]
+    );
+    let web = &params.certificates[0];
+    assert_eq!((web.index, web.private_key), (1, true));
+    assert_eq!(web.selector, VersionSelector::Number(3));
+    assert_eq!(
+        params.certificates[2].selector,
+        VersionSelector::Stage(Stage::Pending)
+    );
+    assert_eq!(params.certificates[2].mode.map(|m| m.get()), Some(0o444));
+    // Without privateKey no key file.
+    let params = MountParameters::parse(
+        &attrs("- certificateId: ocid1.certificate.oc1.iad.web\n", &[]),
+        &pod(),
+    )
+    .unwrap();
+    assert!(params.certificates[0].key_path.is_none());
+}
+
+#[test]
+fn misplaced_certificate_fields_are_refused_naming_what_applies() {
+    let cases = [
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  encoding: base64\n",
+            "secrets[0].encoding does not apply to a certificateId entry",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  keys: [{key: a}]\n",
+            "secrets[0].keys does not apply to a certificateId entry",
+        ),
+        (
+            "- caBundleId: ocid1.cabundle.oc1.iad.roots\n  stage: CURRENT\n",
+            "secrets[0].stage does not apply to a caBundleId entry",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  keyFileName: k.pem\n",
+            "secrets[0].keyFileName needs privateKey: true",
+        ),
+        (
+            "- name: db\n  privateKey: true\n",
+            "secrets[0].privateKey applies to certificate entries only",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  caBundleId: ocid1.cabundle.oc1.iad.r\n",
+            "has certificateId and caBundleId: give exactly one",
+        ),
+        (
+            "- certificateId: ocid1.cabundle.oc1.iad.r\n",
+            "is not a certificate OCID: it must start with ocid1.certificate.",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n- certificateId: ocid1.certificate.oc1.iad.web\n  versionNumber: 1\n",
+            "secrets[0] and secrets[1] would both be written to file \"web/tls.crt\"",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  directory: ../etc\n",
+            "secrets[0].certFileName",
+        ),
+        (
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  versionNumber: 1\n  stage: CURRENT\n",
+            "either with a version number or with stage",
+        ),
+    ];
+    for (secrets, text) in cases {
+        let err = error(secrets, &[]);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{secrets}");
+        assert!(err.message().contains(text), "{secrets}: {}", err.message());
+    }
+}

@@ -1,0 +1,258 @@
+//! Certificate entries (issue 15): fetched from the OCI Certificates service with the
+//! mount's identity and written as `tls.crt`, `ca.crt` and (asked for) `tls.key`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use csi_grpc::{File, FileContents, MountError, ObjectVersion};
+use tower::Service;
+
+use crate::params::{CertificateKind, CertificateSpec, VersionSelector};
+
+/// What the mount service needs of the Certificates client: `vault::VaultClient` is one.
+pub trait CertificateService:
+    Service<
+        vault::CertificateRequest,
+        Response = vault::CertificateBundle,
+        Error = vault::VaultError,
+        Future = <Self as CertificateService>::CertificateFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The service's future.
+    type CertificateFuture: Future<Output = Result<vault::CertificateBundle, vault::VaultError>>
+        + Send
+        + 'static;
+}
+
+impl<C> CertificateService for C
+where
+    C: Service<
+            vault::CertificateRequest,
+            Response = vault::CertificateBundle,
+            Error = vault::VaultError,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Future: Send + 'static,
+{
+    type CertificateFuture = C::Future;
+}
+
+/// A mount service built without a Certificates client: certificate entries are refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoCertificates;
+
+impl Service<vault::CertificateRequest> for NoCertificates {
+    type Response = vault::CertificateBundle;
+    type Error = vault::VaultError;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<vault::CertificateBundle, vault::VaultError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), vault::VaultError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: vault::CertificateRequest) -> Self::Future {
+        let subject = Box::new(vault::Subject {
+            secret: request.target.id().to_owned(),
+            principal: request.identity(),
+            grant: vault::Subject::CERTIFICATES_GRANT,
+        });
+        Box::pin(async move {
+            Err(vault::VaultError::InvalidRequest {
+                subject,
+                reason: "this provider has no Certificates client configured".into(),
+            })
+        })
+    }
+}
+
+/// The `notAfter` of each certificate mounted recently, for the expiry gauge: bounded to
+/// the certificates mounted within `keep` (the driver remounts on every rotation poll)
+/// and to `max` entries.
+#[derive(Debug)]
+pub struct CertificateExpiry {
+    seen: Mutex<HashMap<String, (i64, tokio::time::Instant)>>,
+    keep: Duration,
+    max: usize,
+}
+
+impl Default for CertificateExpiry {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(24 * 3600), 1024)
+    }
+}
+
+impl CertificateExpiry {
+    /// Entries kept `keep` after their last mount, at most `max` of them.
+    pub fn new(keep: Duration, max: usize) -> Self {
+        Self {
+            seen: Mutex::new(HashMap::new()),
+            keep,
+            max,
+        }
+    }
+
+    fn record(&self, id: &str, not_after: i64) {
+        let now = tokio::time::Instant::now();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.retain(|_, (_, at)| now.duration_since(*at) < self.keep);
+        if !seen.contains_key(id) && seen.len() >= self.max {
+            // The least recently mounted makes room.
+            if let Some(oldest) = seen
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                seen.remove(&oldest);
+            }
+        }
+        seen.insert(id.to_owned(), (not_after, now));
+    }
+
+    /// (certificate OCID, `notAfter` in Unix seconds) of the certificates mounted lately.
+    pub fn snapshot(&self) -> Vec<(String, i64)> {
+        let now = tokio::time::Instant::now();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.retain(|_, (_, at)| now.duration_since(*at) < self.keep);
+        let mut out: Vec<(String, i64)> = seen.iter().map(|(k, (t, _))| (k.clone(), *t)).collect();
+        out.sort();
+        out
+    }
+}
+
+/// The request of one entry.
+pub(crate) fn request(
+    spec: &CertificateSpec,
+    base_url: &str,
+    credential: &auth::Credential,
+    deadline: tokio::time::Instant,
+) -> vault::CertificateRequest {
+    vault::CertificateRequest {
+        base_url: base_url.to_owned(),
+        credential: credential.clone(),
+        target: match spec.kind {
+            CertificateKind::Certificate => vault::CertificateRef::Certificate(spec.id.clone()),
+            CertificateKind::CertificateAuthority => {
+                vault::CertificateRef::CertificateAuthority(spec.id.clone())
+            }
+            CertificateKind::CaBundle => vault::CertificateRef::CaBundle(spec.id.clone()),
+        },
+        selector: match &spec.selector {
+            VersionSelector::Number(n) => vault::Selector::VersionNumber(*n),
+            VersionSelector::Stage(stage) => vault::Selector::Stage(*stage),
+            VersionSelector::Name(name) => vault::Selector::VersionName(name.clone()),
+        },
+        private_key: spec.private_key,
+        deadline,
+    }
+}
+
+/// An entry's files and object version from its bundle. Errors name the entry and the
+/// certificate, never key material.
+pub(crate) fn files(
+    spec: &CertificateSpec,
+    bundle: &vault::CertificateBundle,
+    mode: csi_grpc::FileMode,
+    expiry: &CertificateExpiry,
+) -> Result<(Vec<File>, ObjectVersion), MountError> {
+    let index = spec.index;
+    let what = format!("secrets[{index}] {} {}", spec.kind.field(), spec.id);
+    if let Some(reason) = &bundle.revoked {
+        return Err(MountError::invalid_argument(format!(
+            "{what}: version {} is revoked ({reason}); mount another version or renew it",
+            bundle.version_number.unwrap_or_default()
+        )));
+    }
+    let mode = spec.mode.unwrap_or(mode);
+    let file = |path: &csi_grpc::FilePath, bytes: Vec<u8>| File {
+        path: path.clone(),
+        mode,
+        contents: FileContents::new(bytes),
+    };
+    let invalid = |e: vault::TlsError| MountError::invalid_argument(format!("{what}: {e}"));
+    let version = bundle
+        .version_number
+        .map_or_else(|| "0".to_owned(), |n| n.to_string());
+    let object_version = ObjectVersion {
+        id: spec.id.clone(),
+        version,
+    };
+    let files = match (spec.kind, &spec.cert_path) {
+        (CertificateKind::Certificate, Some(cert_path)) => {
+            let key = if spec.private_key {
+                let Some(key) = &bundle.private_key_pem else {
+                    return Err(MountError::invalid_argument(format!(
+                        "{what} has no private key OCI can return (a certificate issued from \
+                         an external CSR, or imported without its key): leave out privateKey: \
+                         true, or mount the key from where it is kept"
+                    )));
+                };
+                Some((
+                    key.expose(),
+                    bundle
+                        .private_key_passphrase
+                        .as_ref()
+                        .map(vault::SecretContent::expose),
+                ))
+            } else {
+                None
+            };
+            let tls =
+                vault::TlsFiles::new(&bundle.certificate_pem, bundle.chain_pem.as_deref(), key)
+                    .map_err(invalid)?;
+            expiry.record(&spec.id, tls.not_after_unix());
+            let mut files = vec![file(cert_path, tls.tls_crt.into_bytes())];
+            if !tls.ca_crt.is_empty() {
+                files.push(file(&spec.chain_path, tls.ca_crt.into_bytes()));
+            }
+            if let (Some(key_path), Some(key)) = (&spec.key_path, &tls.tls_key) {
+                files.push(file(key_path, key.as_bytes().to_vec()));
+            }
+            files
+        }
+        _ => {
+            // A CA: its certificate then its chain; a CA bundle: as OCI holds it.
+            let pem = match &bundle.chain_pem {
+                Some(chain) => format!("{}{chain}", bundle.certificate_pem),
+                None => bundle.certificate_pem.clone(),
+            };
+            let what_pem = match spec.kind {
+                CertificateKind::CaBundle => "caBundlePem",
+                _ => "certificatePem",
+            };
+            let (ca_crt, not_after) = vault::TlsFiles::ca_only(&pem, what_pem).map_err(invalid)?;
+            expiry.record(&spec.id, vault::unix(not_after));
+            vec![file(&spec.chain_path, ca_crt.into_bytes())]
+        }
+    };
+    Ok((files, object_version))
+}
+
+/// A failed fetch, with the entry and the IAM hint the vault error carries.
+pub(crate) fn fetch_error(spec: &CertificateSpec, err: &vault::VaultError) -> MountError {
+    MountError::new(
+        crate::service::grpc_kind(err.kind()),
+        format!(
+            "unable to retrieve secrets[{}] ({} {}): {}",
+            spec.index,
+            spec.kind.field(),
+            spec.id,
+            crate::service::chain(err)
+        ),
+    )
+}
