@@ -208,6 +208,8 @@ impl HostClasses {
         let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
         if host.starts_with("secrets.") {
             "secrets"
+        } else if host.starts_with("certificates.") {
+            "certificates"
         } else if host.starts_with("auth.") {
             "federation"
         } else if host == "169.254.169.254" {

@@ -236,6 +236,13 @@ pub(crate) fn build(
         name(Some(url), "secrets");
     }
     name(
+        principals_config.certificates_endpoint.as_deref(),
+        "certificates",
+    );
+    for url in principals_config.certificates_endpoints_by_region.values() {
+        name(Some(url), "certificates");
+    }
+    name(
         principals_config.federation_endpoint.as_deref(),
         "federation",
     );
