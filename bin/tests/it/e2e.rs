@@ -573,9 +573,36 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
     attributes["csi.storage.k8s.io/serviceAccount.tokens"] = json!(tokens);
     with_token.attributes = attributes.to_string();
     client.mount(with_token.clone()).await.unwrap();
+    // A certificate with its (passphrase-protected) key, and certificate error paths.
+    client
+        .mount(request(
+            "workload",
+            "sa-0",
+            6,
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  privateKey: true\n",
+        ))
+        .await
+        .unwrap();
+    let mut errors = Vec::new();
+    for (pod, secrets) in [
+        (
+            7,
+            "- certificateId: ocid1.certificate.oc1.iad.csr\n  privateKey: true\n",
+        ),
+        (
+            8,
+            "- certificateId: ocid1.certificate.oc1.iad.forbidden\n  privateKey: true\n",
+        ),
+    ] {
+        errors.push(
+            client
+                .mount(request("workload", "sa-0", pod, secrets))
+                .await
+                .unwrap_err(),
+        );
+    }
     // Error paths: a missing secret, a refused signature (tokens expired at the emulator),
     // a token for another service account, Secrets faults, a malformed bundle.
-    let mut errors = Vec::new();
     errors.push(
         client
             .mount(request("workload", "sa-0", 2, "- name: nope\n"))
@@ -618,6 +645,7 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
         "ST$ey".to_owned(),
         "BEGIN".to_owned(),
         "PRIVATE KEY".to_owned(),
+        CERT_PASSPHRASE.to_owned(),
     ];
     assert!(output.stderr.contains("TRACE"), "trace logs were captured");
     assert!(output.stderr.contains("mount succeeded") && output.stderr.contains("mount failed"));
