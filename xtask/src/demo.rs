@@ -49,7 +49,7 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
         version.runtime_version,
         provider.socket.display()
     );
-    let secrets = "- name: db-password\n- name: db-password\n  versionNumber: 1\n  fileName: db-password.v1\n- name: tls-key\n  fileName: tls/key.bin\n";
+    let secrets = "- name: db-password\n- name: db-password\n  versionNumber: 1\n  fileName: db-password.v1\n- name: tls-key\n  fileName: tls/key.bin\n- certificateId: ocid1.certificate.oc1.iad.demoweb\n  privateKey: true\n  directory: web-tls\n";
     let pods = [
         ("workload identity", "web-0", "workload"),
         ("instance principal", "batch-0", "instance"),
@@ -83,6 +83,14 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
             std::fs::write(&path, &file.contents)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let shown = match std::str::from_utf8(&file.contents) {
+                // Certificates and keys: how many blocks of what, not their bytes.
+                Ok(text) if text.starts_with("-----BEGIN ") => {
+                    let labels: Vec<&str> = text
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("-----BEGIN ")?.strip_suffix("-----"))
+                        .collect();
+                    format!("PEM, {} bytes: {}", text.len(), labels.join(" + "))
+                }
                 Ok(text) if !text.chars().any(char::is_control) => format!("{text:?}"),
                 _ => format!("{} bytes: {}", file.contents.len(), hex(&file.contents)),
             };

@@ -101,13 +101,20 @@ impl CertificateExpiry {
         }
     }
 
-    fn record(&self, id: &str, not_after: i64) {
+    /// The entries, those not mounted within `keep` dropped.
+    fn fresh(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, tokio::time::Instant)>> {
         let now = tokio::time::Instant::now();
         let mut seen = self
             .seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         seen.retain(|_, (_, at)| now.duration_since(*at) < self.keep);
+        seen
+    }
+
+    fn record(&self, id: &str, not_after: i64) {
+        let now = tokio::time::Instant::now();
+        let mut seen = self.fresh();
         if !seen.contains_key(id) && seen.len() >= self.max {
             // The least recently mounted makes room.
             if let Some(oldest) = seen
@@ -123,12 +130,7 @@ impl CertificateExpiry {
 
     /// (certificate OCID, `notAfter` in Unix seconds) of the certificates mounted lately.
     pub fn snapshot(&self) -> Vec<(String, i64)> {
-        let now = tokio::time::Instant::now();
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.retain(|_, (_, at)| now.duration_since(*at) < self.keep);
+        let seen = self.fresh();
         let mut out: Vec<(String, i64)> = seen.iter().map(|(k, (t, _))| (k.clone(), *t)).collect();
         out.sort();
         out
@@ -255,4 +257,33 @@ pub(crate) fn fetch_error(spec: &CertificateSpec, err: &vault::VaultError) -> Mo
             crate::service::chain(err)
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_gauge_keeps_recent_certificates_only_and_at_most_max() {
+        let expiry = CertificateExpiry::new(Duration::from_secs(60), 2);
+        expiry.record("a", 1);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        expiry.record("b", 2);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        expiry.record("c", 3);
+        assert_eq!(
+            expiry.snapshot(),
+            [("b".to_owned(), 2), ("c".to_owned(), 3)],
+            "the least recently mounted made room"
+        );
+        expiry.record("b", 4);
+        tokio::time::advance(Duration::from_secs(45)).await;
+        assert_eq!(
+            expiry.snapshot(),
+            [("b".to_owned(), 4)],
+            "c was last mounted 65 s ago"
+        );
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(expiry.snapshot().is_empty());
+    }
 }

@@ -548,7 +548,8 @@ where
                 MountError::internal("internal error: a secret was neither fetched nor failed")
             })?;
         // Reads that reached OCI (not answered by the cache), in the mount's span.
-        let upstream = bundles.len() - shared.len();
+        // Certificate entries are always read from OCI (they are not cached).
+        let upstream = bundles.len() - shared.len() + params.certificates.len();
         tracing::Span::current().record("upstream_calls", upstream);
         log_shared(&established.credential, &bundles, shared);
         Ok((bundles, reservations))
