@@ -276,14 +276,15 @@ mod tests {
             [("b".to_owned(), 2), ("c".to_owned(), 3)],
             "the least recently mounted made room"
         );
+        tokio::time::advance(Duration::from_secs(30)).await;
         expiry.record("b", 4);
-        tokio::time::advance(Duration::from_secs(45)).await;
+        tokio::time::advance(Duration::from_secs(35)).await;
         assert_eq!(
             expiry.snapshot(),
             [("b".to_owned(), 4)],
             "c was last mounted 65 s ago"
         );
-        tokio::time::advance(Duration::from_secs(20)).await;
+        tokio::time::advance(Duration::from_secs(30)).await;
         assert!(expiry.snapshot().is_empty());
     }
 }
