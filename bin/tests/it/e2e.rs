@@ -1444,35 +1444,6 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
     assert!(provider.terminate().await.status.success());
 }
 
-/// rustls, with only `ca_crt` as its roots, accepts `tls_crt` for `name`.
-fn tls_verifies(tls_crt: &[u8], ca_crt: &[u8], name: &str) -> Result<(), rustls::Error> {
-    use rustls::client::danger::ServerCertVerifier as _;
-    let certs = |pem: &[u8]| -> Vec<rustls_pki_types::CertificateDer<'static>> {
-        rustls_pemfile::certs(&mut &pem[..])
-            .map(Result::unwrap)
-            .collect()
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in certs(ca_crt) {
-        roots.add(cert).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let verifier =
-        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .unwrap();
-    let chain = certs(tls_crt);
-    verifier
-        .verify_server_cert(
-            &chain[0],
-            &chain[1..],
-            &rustls_pki_types::ServerName::try_from(name.to_owned()).unwrap(),
-            &[],
-            rustls_pki_types::UnixTime::now(),
-        )
-        .map(|_| ())
-}
-
 const CERTIFICATES: &str = "- certificateId: ocid1.certificate.oc1.iad.web
   privateKey: true
 - certificateId: ocid1.certificate.oc1.iad.rsa
@@ -1524,8 +1495,9 @@ async fn certificates_mount_as_tls_files_for_each_principal() {
                 file(&format!("{dir}/ca.crt")),
                 file(&format!("{dir}/{key}")),
             );
-            tls_verifies(&crt, &ca, name).unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
-            assert!(tls_verifies(&crt, &ca, "evil.example.com").is_err());
+            testkit::verify_server_chain(&crt, &ca, name)
+                .unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
+            assert!(testkit::verify_server_chain(&crt, &ca, "evil.example.com").is_err());
             // The key is unencrypted PKCS#8 and the leaf's: TlsFiles checks it matches.
             assert!(
                 key.starts_with(b"-----BEGIN PRIVATE KEY-----\n"),
@@ -1541,7 +1513,7 @@ async fn certificates_mount_as_tls_files_for_each_principal() {
                 .unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
         }
         // The CA bundle alone trusts the leaf too.
-        tls_verifies(
+        testkit::verify_server_chain(
             &file("web/tls.crt"),
             &file("trust/ca.crt"),
             "web.example.com",
@@ -1570,16 +1542,13 @@ async fn certificates_mount_as_tls_files_for_each_principal() {
 
     // Without privateKey: true no key is asked for and none is written.
     let before = emu.certificate_calls().len();
-    let response = client
-        .mount(request(
-            "workload",
-            "sa-0",
-            2,
-            "- certificateId: ocid1.certificate.oc1.iad.web\n",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let public_web = request(
+        "workload",
+        "sa-0",
+        2,
+        "- certificateId: ocid1.certificate.oc1.iad.web\n",
+    );
+    let response = client.mount(public_web.clone()).await.unwrap().into_inner();
     assert_eq!(
         files_of(&response).iter().map(|f| f.0).collect::<Vec<_>>(),
         ["web/tls.crt", "web/ca.crt"]
@@ -1593,16 +1562,7 @@ async fn certificates_mount_as_tls_files_for_each_principal() {
 
     // A renewal is a new object version, so the driver's rotation rewrites the files.
     assert_eq!(emu.renew_certificate(CERT_WEB).unwrap(), 2);
-    let renewed = client
-        .mount(request(
-            "workload",
-            "sa-0",
-            2,
-            "- certificateId: ocid1.certificate.oc1.iad.web\n",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let renewed = client.mount(public_web).await.unwrap().into_inner();
     assert!(versions_of(&renewed).contains(&(CERT_WEB, "2")));
     assert_ne!(files_of(&renewed)[0].1, files_of(&response)[0].1);
     let metrics = provider.metrics().await;

@@ -237,3 +237,40 @@ impl CertState {
         Ok(number)
     }
 }
+
+/// What a TLS client trusting only `ca_crt` (PEM) decides about a server presenting
+/// `tls_crt` (PEM: leaf first, then intermediates) for `name`: rustls's own verifier, for
+/// tests that check mounted certificate files the way a client would.
+pub fn verify_server_chain(tls_crt: &[u8], ca_crt: &[u8], name: &str) -> Result<(), String> {
+    use rustls::client::danger::ServerCertVerifier as _;
+    let certs = |pem: &[u8]| -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+        rustls_pemfile::certs(&mut &pem[..])
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs(ca_crt)? {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        provider,
+    )
+    .build()
+    .map_err(|e| e.to_string())?;
+    let chain = certs(tls_crt)?;
+    let (leaf, intermediates) = chain.split_first().ok_or("no certificate in tls.crt")?;
+    let name =
+        rustls_pki_types::ServerName::try_from(name.to_owned()).map_err(|e| e.to_string())?;
+    verifier
+        .verify_server_cert(
+            leaf,
+            intermediates,
+            &name,
+            &[],
+            rustls_pki_types::UnixTime::now(),
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -57,7 +57,7 @@ use tokio::sync::oneshot;
 /// The clock contract shared with the provider, re-exported for convenience.
 pub use auth::{Clock, ManualClock, SharedClock, SystemClock};
 
-pub use crate::certs::{CaSeed, CertificateCall, CertificateSeed, KeyKind};
+pub use crate::certs::{CaSeed, CertificateCall, CertificateSeed, KeyKind, verify_server_chain};
 pub use crate::crypto::api_key_fingerprint;
 pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;

@@ -337,14 +337,11 @@ fn pem_block(label: &str, der: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use rcgen::{
         BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
         KeyUsagePurpose,
     };
-    use rustls::client::danger::ServerCertVerifier as _;
-    use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls_pki_types::CertificateDer;
 
     use super::*;
 
@@ -398,26 +395,8 @@ mod tests {
     }
 
     /// rustls with only `ca_crt` as its roots accepts `tls_crt` for the name.
-    fn verifies(files: &TlsFiles, name: &str) -> Result<(), rustls::Error> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in ders(&files.ca_crt) {
-            roots.add(cert).unwrap();
-        }
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .unwrap();
-        let chain = ders(&files.tls_crt);
-        verifier
-            .verify_server_cert(
-                &chain[0],
-                &chain[1..],
-                &ServerName::try_from(name.to_owned()).unwrap(),
-                &[],
-                UnixTime::now(),
-            )
-            .map(|_| ())
+    fn verifies(files: &TlsFiles, name: &str) -> Result<(), String> {
+        testkit::verify_server_chain(files.tls_crt.as_bytes(), files.ca_crt.as_bytes(), name)
     }
 
     fn labels(pem: &str) -> Vec<String> {
