@@ -141,6 +141,12 @@ pub struct AuthConfig {
     /// Seconds a key load waits for its turn before the mount is `Unavailable` (the
     /// driver retries).
     pub key_load_wait_seconds: u64,
+    /// The `authType`s a SecretProviderClass may use (default all three, as the Go
+    /// provider); a mount of another is PermissionDenied before any upstream call.
+    pub allowed_types: Vec<provider::AuthType>,
+    /// Regions a SecretProviderClass may name in `region` / `failoverRegion`; empty: any
+    /// region the provider knows in the principal's realm.
+    pub allowed_regions: Vec<String>,
 }
 
 impl Default for AuthConfig {
@@ -151,6 +157,8 @@ impl Default for AuthConfig {
             token_request: true,
             max_concurrent_key_loads: 1,
             key_load_wait_seconds: 10,
+            allowed_types: provider::AuthType::ALL.to_vec(),
+            allowed_regions: Vec::new(),
         }
     }
 }
@@ -198,8 +206,31 @@ pub struct ServerConfig {
     /// Bytes all mounts in flight may hold at once (each fetch reserves
     /// `upstream.max_bundle_bytes` first); beyond it a mount is `ResourceExhausted`.
     pub max_in_flight_bytes: usize,
+    /// Bytes the mounts of one namespace in flight may hold at once; `None`: a quarter
+    /// of `max_in_flight_bytes` (at least one fetch).
+    pub max_in_flight_bytes_per_namespace: Option<usize>,
+    /// Mounts of one namespace served at once; `None`: a quarter of
+    /// `max_in_flight_mounts` (at least 1).
+    pub max_in_flight_per_namespace: Option<usize>,
     /// Entries a SecretProviderClass's `secrets` list may have.
     pub max_secrets_per_mount: usize,
+    /// Files one mount may write, counting every file: entries, `keys` items and
+    /// certificate files.
+    pub max_files_per_mount: usize,
+}
+
+impl ServerConfig {
+    /// `max_in_flight_bytes_per_namespace`, resolved.
+    pub fn namespace_bytes(&self, fetch_bytes: usize) -> usize {
+        self.max_in_flight_bytes_per_namespace
+            .unwrap_or((self.max_in_flight_bytes / 4).max(fetch_bytes))
+    }
+
+    /// `max_in_flight_per_namespace`, resolved.
+    pub fn namespace_mounts(&self) -> usize {
+        self.max_in_flight_per_namespace
+            .unwrap_or((self.max_in_flight_mounts / 4).max(1))
+    }
 }
 
 impl Default for ServerConfig {
@@ -222,7 +253,10 @@ impl Default for ServerConfig {
             http_max_connections_per_address: 8,
             http_header_read_timeout_seconds: 5,
             max_in_flight_bytes: 32 * 1024 * 1024,
+            max_in_flight_bytes_per_namespace: None,
+            max_in_flight_per_namespace: None,
             max_secrets_per_mount: 256,
+            max_files_per_mount: 256,
         }
     }
 }
@@ -387,6 +421,14 @@ impl Config {
                 "server.max_secrets_per_mount",
                 self.server.max_secrets_per_mount,
             ),
+            (
+                "server.max_files_per_mount",
+                self.server.max_files_per_mount,
+            ),
+            (
+                "server.max_in_flight_per_namespace",
+                self.server.namespace_mounts(),
+            ),
             ("upstream.max_attempts", self.upstream.max_attempts as usize),
             (
                 "cache.bundle_max_entries",
@@ -406,6 +448,22 @@ impl Config {
                 "server.max_in_flight_bytes ({}) must hold at least one fetch of \
                  upstream.max_bundle_bytes ({})",
                 self.server.max_in_flight_bytes, self.upstream.max_bundle_bytes
+            )));
+        }
+        let share = self.server.namespace_bytes(self.upstream.max_bundle_bytes);
+        if share < self.upstream.max_bundle_bytes || share > self.server.max_in_flight_bytes {
+            return Err(ConfigError(format!(
+                "server.max_in_flight_bytes_per_namespace ({share}) must hold at least one fetch \
+                 of upstream.max_bundle_bytes ({}) and at most server.max_in_flight_bytes ({})",
+                self.upstream.max_bundle_bytes, self.server.max_in_flight_bytes
+            )));
+        }
+        if self.server.namespace_mounts() > self.server.max_in_flight_mounts {
+            return Err(ConfigError(format!(
+                "server.max_in_flight_per_namespace ({}) must be at most \
+                 server.max_in_flight_mounts ({})",
+                self.server.namespace_mounts(),
+                self.server.max_in_flight_mounts
             )));
         }
         if self.cache.bundle_max_bytes < self.upstream.max_bundle_bytes as u64 {

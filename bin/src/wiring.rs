@@ -93,6 +93,7 @@ impl From<&ServerConfig> for csi_grpc::MountLimits {
     fn from(s: &ServerConfig) -> Self {
         csi_grpc::MountLimits {
             max_in_flight: s.max_in_flight_mounts,
+            max_in_flight_per_namespace: s.namespace_mounts(),
             default_deadline: Duration::from_secs(s.mount_timeout_seconds),
             max_deadline: Duration::from_secs(s.mount_timeout_seconds),
             ..csi_grpc::MountLimits::default()
@@ -288,7 +289,11 @@ pub(crate) fn build(
     let vault = cache::CacheLayer::new(bundles.clone()).layer(vault);
 
     // 5. The mount service: identity, then the fetches, under the process's byte budget.
-    let budget = ByteBudget::new(config.server.max_in_flight_bytes);
+    let budget = ByteBudget::with_namespace_share(
+        config.server.max_in_flight_bytes,
+        config.server.namespace_bytes(u.max_bundle_bytes),
+    );
+    let tenant_keys = principals.tenant_keys();
     let principals_for_metrics = principals.clone();
     let served = Arc::new(provider::RegionStats::default());
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
@@ -298,7 +303,10 @@ pub(crate) fn build(
         MountConfig {
             fan_out: u.fan_out,
             max_secrets: config.server.max_secrets_per_mount,
+            max_files: config.server.max_files_per_mount,
             budget: Some(budget.clone()),
+            tenant_keys,
+            allowed_types: config.auth.allowed_types.clone(),
             fetch_reserve_bytes: u.max_bundle_bytes,
             regions: Some(Arc::new(PrincipalRegions(principals_for_metrics.clone()))),
             served: served.clone(),

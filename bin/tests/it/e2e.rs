@@ -1509,7 +1509,17 @@ async fn certificates_mount_as_tls_files_for_each_principal() {
                     .filter(|l| !l.starts_with("-----"))
                     .map(str::to_owned),
             );
-            vault::TlsFiles::new(std::str::from_utf8(&crt).unwrap(), None, Some((&key, None)))
+            let decoded = auth::TenantKeys::new(1, Duration::from_secs(5))
+                .certificate_key(
+                    "check",
+                    tokio::time::Instant::now() + Duration::from_secs(5),
+                    zeroize::Zeroizing::new(key.clone()),
+                    None,
+                )
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
+            vault::TlsFiles::new(std::str::from_utf8(&crt).unwrap(), None, Some(&decoded))
                 .unwrap_or_else(|e| panic!("{auth} {dir}: {e}"));
         }
         // The CA bundle alone trusts the leaf too.

@@ -37,6 +37,10 @@ const MAX_SCRYPT_WORK: u64 = 2 * MAX_SCRYPT_MEMORY;
 /// Upper bound on scrypt's parallelisation parameter `p`.
 const MAX_SCRYPT_PARALLELISM: u16 = 16;
 
+/// Largest RSA key a tenant may hand us (a user API key, a certificate's key): signing cost
+/// grows with the cube of the size, and OCI itself issues and accepts at most 4096 bits.
+pub(crate) const MAX_RSA_BITS: usize = 4096;
+
 /// Longest PEM label or cipher name we repeat in an error message; longer ones are cut.
 const MAX_ECHO_LEN: usize = 64;
 
@@ -75,6 +79,22 @@ pub enum KeyError {
         /// The PEM label, e.g. `RSA PRIVATE KEY`.
         label: String,
     },
+    /// The key is of an algorithm certificate files are not written for.
+    #[error(
+        "the private key's algorithm is {0}; RSA and ECDSA (P-256, P-384, P-521) are supported"
+    )]
+    UnsupportedAlgorithm(String),
+    /// The block is no private key form this provider reads.
+    #[error(
+        "the {label} PEM block is not a private key in PKCS#8, encrypted PKCS#8, PKCS#1 or SEC1 form"
+    )]
+    NotAKey {
+        /// The PEM label.
+        label: String,
+    },
+    /// The RSA key is larger than the provider signs with or accepts from a tenant.
+    #[error("the RSA key has {0} bits; at most 4096 are accepted")]
+    RsaTooLarge(usize),
     /// aws-lc parsed the key but refused it (too small, inconsistent, ...).
     #[error("the RSA private key was rejected")]
     Rejected(#[source] aws_lc_rs::error::KeyRejected),
@@ -189,6 +209,10 @@ impl PrivateKey {
     }
 
     fn from_pair(pair: KeyPair) -> Result<Self, KeyError> {
+        let bits = pair.public_modulus_len() * 8;
+        if bits > MAX_RSA_BITS {
+            return Err(KeyError::RsaTooLarge(bits));
+        }
         let spki_der = pair
             .public_key()
             .as_der()
@@ -255,7 +279,7 @@ fn pkcs1_shaped(der: &[u8]) -> bool {
 }
 
 /// A readable name for the algorithms people most often paste by mistake.
-fn algorithm_name(oid: ObjectIdentifier) -> String {
+pub(crate) fn algorithm_name(oid: ObjectIdentifier) -> String {
     match oid.to_string().as_str() {
         "1.2.840.10045.2.1" => "EC".into(),
         "1.3.101.112" => "Ed25519".into(),
@@ -278,15 +302,15 @@ fn colon_hex(bytes: &[u8]) -> String {
     out
 }
 
-fn truncate(text: &str) -> String {
+pub(crate) fn truncate(text: &str) -> String {
     text.chars().take(MAX_ECHO_LEN).collect()
 }
 
 /// The first PEM block of some text, with RFC 1421 headers kept for legacy encryption.
-struct PemBlock {
-    label: String,
+pub(crate) struct PemBlock {
+    pub(crate) label: String,
     headers: Vec<(String, String)>,
-    der: Zeroizing<Vec<u8>>,
+    pub(crate) der: Zeroizing<Vec<u8>>,
 }
 
 /// The DER of every PEM block in `data`, in order (certificate chains, concatenated as
@@ -307,7 +331,7 @@ pub(crate) fn pem_ders(mut data: &[u8]) -> Result<Vec<Zeroizing<Vec<u8>>>, KeyEr
 }
 
 impl PemBlock {
-    fn first(data: &[u8]) -> Result<Self, KeyError> {
+    pub(crate) fn first(data: &[u8]) -> Result<Self, KeyError> {
         Self::first_and_rest(data).map(|(block, _)| block)
     }
 
@@ -377,7 +401,7 @@ impl PemBlock {
     }
 
     /// The `DEK-Info` value when the block carries `Proc-Type: 4,ENCRYPTED`.
-    fn legacy_encryption(&self) -> Result<Option<String>, KeyError> {
+    pub(crate) fn legacy_encryption(&self) -> Result<Option<String>, KeyError> {
         let encrypted = self
             .header("Proc-Type")
             .is_some_and(|value| value.replace(' ', "").eq_ignore_ascii_case("4,ENCRYPTED"));
@@ -531,8 +555,10 @@ fn decryption_failed(passphrase: &[u8]) -> KeyError {
     }
 }
 
-/// Decrypts an `ENCRYPTED PRIVATE KEY` (PKCS#8 `EncryptedPrivateKeyInfo`, PBES2).
-fn decrypt_pkcs8(der: &[u8], passphrase: &[u8]) -> Result<Zeroizing<Vec<u8>>, KeyError> {
+/// Decrypts an `ENCRYPTED PRIVATE KEY` (PKCS#8 `EncryptedPrivateKeyInfo`, PBES2): the one
+/// decryption of tenant PKCS#8 keys (user API keys and certificate keys), with the one set
+/// of key-derivation limits (`check_kdf_cost`) checked before anything is derived.
+pub(crate) fn decrypt_pkcs8(der: &[u8], passphrase: &[u8]) -> Result<Zeroizing<Vec<u8>>, KeyError> {
     let info = EncryptedPrivateKeyInfoRef::try_from(der).map_err(|_| KeyError::Unparseable {
         label: "ENCRYPTED PRIVATE KEY".into(),
     })?;

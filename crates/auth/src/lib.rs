@@ -29,6 +29,7 @@ mod principals;
 pub mod region;
 mod remote;
 mod signing;
+mod tenant_keys;
 
 pub use cache::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
@@ -42,6 +43,7 @@ pub use remote::opc_request_id;
 pub use signing::{
     BoxFuture, Credentials, KeyId, SignedResponse, Signing, SigningKey, SigningLayer,
 };
+pub use tenant_keys::{CertificateKey, TenantKeys};
 
 /// The OCI request signature itself (draft-cavage-http-signatures as OCI profiles it), for
 /// callers that sign outside [`SigningLayer`] and for checking against the spec's vectors.

@@ -64,6 +64,9 @@ pub struct MountLimits {
     /// Mounts served at once; beyond it a mount is refused with `ResourceExhausted` so the
     /// driver retries later instead of the node falling over.
     pub max_in_flight: usize,
+    /// Mounts of one namespace served at once: one tenant whose mounts stall (an
+    /// unreachable region, a slow key) keeps the other slots free for everybody else.
+    pub max_in_flight_per_namespace: usize,
     /// Deadline when the driver sends no `grpc-timeout`.
     pub default_deadline: Duration,
     /// Upper bound of any deadline.
@@ -76,6 +79,7 @@ impl Default for MountLimits {
     fn default() -> Self {
         Self {
             max_in_flight: 64,
+            max_in_flight_per_namespace: 16,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(60),
             max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,
@@ -101,7 +105,54 @@ pub struct CsiProvider<S> {
     info: Arc<ServerInfo>,
     limits: Arc<MountLimits>,
     in_flight: Arc<Semaphore>,
+    namespaces: Arc<NamespaceSlots>,
     observer: Option<Arc<dyn MountObserver>>,
+}
+
+/// Mounts in flight per namespace; a namespace with none has no entry.
+#[derive(Debug, Default)]
+struct NamespaceSlots {
+    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl NamespaceSlots {
+    fn try_take(self: &Arc<Self>, namespace: &str, max: usize) -> Option<NamespaceSlot> {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(namespace.to_owned()).or_default();
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(NamespaceSlot {
+            slots: self.clone(),
+            namespace: namespace.to_owned(),
+        })
+    }
+}
+
+/// One mount's slot in its namespace's share, given back when dropped.
+struct NamespaceSlot {
+    slots: Arc<NamespaceSlots>,
+    namespace: String,
+}
+
+impl Drop for NamespaceSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .slots
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.namespace) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.namespace);
+            }
+        }
+    }
 }
 
 impl<S> CsiProvider<S> {
@@ -113,6 +164,7 @@ impl<S> CsiProvider<S> {
             info: Arc::new(info),
             limits: Arc::new(limits),
             in_flight,
+            namespaces: Arc::default(),
             observer: None,
         }
     }
@@ -197,6 +249,20 @@ where
         let margin = (budget / 20).min(Duration::from_secs(1));
         let deadline = Instant::now() + budget - margin;
         let request = MountRequest::from_proto(request.into_inner(), deadline)?;
+        let namespace = request.pod.namespace.as_deref().unwrap_or("");
+        let max = self.limits.max_in_flight_per_namespace.max(1);
+        let _slot = self.namespaces.try_take(namespace, max).ok_or_else(|| {
+            if let Some(observer) = &self.observer {
+                observer.mount_shed();
+            }
+            MountError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "namespace {namespace:?} has {max} mounts in flight on this node, its share \
+                     (server.max_in_flight_per_namespace); the driver will retry"
+                ),
+            )
+        })?;
         span.record(
             "pod.namespace",
             request.pod.namespace.as_deref().unwrap_or(""),

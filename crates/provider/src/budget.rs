@@ -1,14 +1,25 @@
-//! The process-wide budget of bytes held by mounts in flight.
+//! The process-wide budget of bytes held by mounts in flight, and the one way a mount
+//! fetches anything from upstream.
 //!
 //! Every fetch reserves what its answer may take before it starts (bodies are buffered
-//! whole, up to the Secrets client's body limit), and gives back what the secret did not
-//! use once it arrives; the rest is held until the mount's answer is handed to the gRPC
-//! layer. A fetch that finds the budget used up fails its mount with `ResourceExhausted`
-//! at once (the driver retries), so memory stays bounded whatever the number of mounts.
+//! whole, up to the client's body limit), and gives back what the answer did not use once
+//! it arrives; the rest is held until the mount's answer is handed to the gRPC layer. A
+//! fetch that finds the budget used up fails its mount with `ResourceExhausted` at once
+//! (the driver retries), so memory stays bounded whatever the number of mounts. One
+//! namespace holds at most its share of the budget, so a tenant whose fetches stall cannot
+//! take the bytes every other namespace needs.
+//!
+//! [`Budgeted`] is how `OciMount` holds its fetch services (secrets, certificates, any
+//! future kind): it has no other way to reach them, so no fetch kind can skip the
+//! reservation, the namespace's share or the mount's running total. While a fetch waits
+//! out a retry backoff its reservation goes back (`vault::with_backoff`).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tower::{Service, ServiceExt};
 
 /// A shared byte budget; clones share it.
 #[derive(Clone)]
@@ -18,59 +29,148 @@ pub struct ByteBudget {
 
 struct Inner {
     capacity: usize,
-    used: AtomicUsize,
+    per_namespace: usize,
+    state: Mutex<State>,
     high_water: AtomicUsize,
     refused: AtomicUsize,
+}
+
+#[derive(Default)]
+struct State {
+    used: usize,
+    /// Bytes held per namespace; a namespace holding nothing has no entry.
+    namespaces: HashMap<Arc<str>, usize>,
 }
 
 impl fmt::Debug for ByteBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ByteBudget")
             .field("capacity", &self.inner.capacity)
+            .field("per_namespace", &self.inner.per_namespace)
             .field("used", &self.used())
             .field("high_water", &self.high_water())
             .finish()
     }
 }
 
+/// Why a reservation was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The whole budget is in use.
+    Budget {
+        /// `server.max_in_flight_bytes`.
+        capacity: usize,
+    },
+    /// The namespace holds its share already.
+    NamespaceShare {
+        /// The namespace.
+        namespace: Arc<str>,
+        /// `server.max_in_flight_bytes_per_namespace`.
+        share: usize,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Budget { capacity } => write!(
+                f,
+                "the provider is holding its budget of {capacity} bytes for mounts in flight \
+                 (server.max_in_flight_bytes) for other mounts; the driver will retry this one"
+            ),
+            Refusal::NamespaceShare { namespace, share } => write!(
+                f,
+                "the mounts of namespace {namespace} in flight hold its share of {share} bytes \
+                 (server.max_in_flight_bytes_per_namespace); the driver will retry this one"
+            ),
+        }
+    }
+}
+
 impl ByteBudget {
-    /// A budget of `capacity` bytes.
+    /// A budget of `capacity` bytes, any namespace may hold all of it.
     pub fn new(capacity: usize) -> Self {
+        Self::with_namespace_share(capacity, capacity)
+    }
+
+    /// A budget of `capacity` bytes of which one namespace holds at most `per_namespace`.
+    pub fn with_namespace_share(capacity: usize, per_namespace: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 capacity,
-                used: AtomicUsize::new(0),
+                per_namespace: per_namespace.min(capacity),
+                state: Mutex::new(State::default()),
                 high_water: AtomicUsize::new(0),
                 refused: AtomicUsize::new(0),
             }),
         }
     }
 
-    /// Reserves `bytes`, or `None` if that would pass the capacity.
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves `bytes` with no namespace, or `None` if that would pass the capacity.
     pub fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
-        let mut used = self.inner.used.load(Ordering::Relaxed);
-        loop {
-            let Some(next) = used
-                .checked_add(bytes)
-                .filter(|n| *n <= self.inner.capacity)
-            else {
-                self.inner.refused.fetch_add(1, Ordering::Relaxed);
-                return None;
-            };
-            match self.inner.used.compare_exchange_weak(
-                used,
-                next,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    self.inner.high_water.fetch_max(next, Ordering::Relaxed);
-                    return Some(Reservation {
-                        budget: self.clone(),
-                        bytes,
-                    });
-                }
-                Err(actual) => used = actual,
+        self.reserve(None, bytes).ok()
+    }
+
+    /// Reserves `bytes` for `namespace`: refused past the capacity or past the namespace's
+    /// share.
+    pub fn try_reserve_for(
+        &self,
+        namespace: &Arc<str>,
+        bytes: usize,
+    ) -> Result<Reservation, Refusal> {
+        self.reserve(Some(namespace), bytes)
+    }
+
+    fn reserve(&self, namespace: Option<&Arc<str>>, bytes: usize) -> Result<Reservation, Refusal> {
+        let mut state = self.state();
+        let refuse = |refusal| {
+            self.inner.refused.fetch_add(1, Ordering::Relaxed);
+            Err(refusal)
+        };
+        let Some(next) = state
+            .used
+            .checked_add(bytes)
+            .filter(|n| *n <= self.inner.capacity)
+        else {
+            return refuse(Refusal::Budget {
+                capacity: self.inner.capacity,
+            });
+        };
+        if let Some(namespace) = namespace {
+            let held = state.namespaces.get(namespace).copied().unwrap_or(0);
+            if held.saturating_add(bytes) > self.inner.per_namespace {
+                return refuse(Refusal::NamespaceShare {
+                    namespace: namespace.clone(),
+                    share: self.inner.per_namespace,
+                });
+            }
+            *state.namespaces.entry(namespace.clone()).or_default() += bytes;
+        }
+        state.used = next;
+        self.inner.high_water.fetch_max(next, Ordering::Relaxed);
+        Ok(Reservation {
+            budget: self.clone(),
+            namespace: namespace.cloned(),
+            bytes,
+        })
+    }
+
+    fn release(&self, namespace: Option<&Arc<str>>, bytes: usize) {
+        let mut state = self.state();
+        state.used = state.used.saturating_sub(bytes);
+        if let Some(namespace) = namespace
+            && let Some(held) = state.namespaces.get_mut(namespace)
+        {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                state.namespaces.remove(namespace);
             }
         }
     }
@@ -80,9 +180,19 @@ impl ByteBudget {
         self.inner.capacity
     }
 
+    /// The most one namespace holds.
+    pub fn namespace_share(&self) -> usize {
+        self.inner.per_namespace
+    }
+
     /// Bytes reserved now.
     pub fn used(&self) -> usize {
-        self.inner.used.load(Ordering::Relaxed)
+        self.state().used
+    }
+
+    /// Bytes `namespace` holds now.
+    pub fn used_by(&self, namespace: &str) -> usize {
+        self.state().namespaces.get(namespace).copied().unwrap_or(0)
     }
 
     /// The most bytes ever reserved at once.
@@ -100,6 +210,7 @@ impl ByteBudget {
 #[derive(Debug)]
 pub struct Reservation {
     budget: ByteBudget,
+    namespace: Option<Arc<str>>,
     bytes: usize,
 }
 
@@ -108,7 +219,7 @@ impl Reservation {
     /// rest back; asking for more than is held keeps what is held.
     pub fn shrink_to(&mut self, bytes: usize) {
         let released = self.bytes.saturating_sub(bytes);
-        self.budget.inner.used.fetch_sub(released, Ordering::AcqRel);
+        self.budget.release(self.namespace.as_ref(), released);
         self.bytes -= released;
     }
 
@@ -120,10 +231,189 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        self.budget.release(self.namespace.as_ref(), self.bytes);
+    }
+}
+
+/// How many bytes an upstream answer holds once it has arrived.
+pub trait Weigh {
+    /// The bytes held (content, PEM text, keys).
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for vault::SecretBundle {
+    fn weight(&self) -> usize {
+        self.content.len()
+    }
+}
+
+impl<T: Weigh> Weigh for cache::Cached<T> {
+    fn weight(&self) -> usize {
+        self.value.weight()
+    }
+}
+
+impl Weigh for vault::CertificateBundle {
+    fn weight(&self) -> usize {
+        let secret = |s: &Option<vault::SecretContent>| s.as_ref().map_or(0, |c| c.len());
+        self.certificate_pem.len()
+            + self.chain_pem.as_ref().map_or(0, String::len)
+            + secret(&self.private_key_pem)
+            + secret(&self.private_key_passphrase)
+    }
+}
+
+/// One mount's share of the bounds: the process budget (its namespace's share of it), what
+/// each fetch reserves, and the running total of the bytes its fetches brought.
+#[derive(Debug)]
+pub(crate) struct MountBytes {
+    budget: Option<ByteBudget>,
+    namespace: Arc<str>,
+    reserve: usize,
+    limit: usize,
+    total: AtomicUsize,
+}
+
+impl MountBytes {
+    pub(crate) fn new(
+        budget: Option<ByteBudget>,
+        namespace: &str,
+        reserve: usize,
+        limit: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            budget,
+            namespace: Arc::from(namespace),
+            reserve,
+            limit,
+            total: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes the mount's answers took so far.
+    pub(crate) fn total(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// The mount's limit (`max_total_bytes`).
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn over(&self) -> bool {
+        self.total() > self.limit
+    }
+
+    fn reserve(&self) -> Result<Option<Reservation>, Refusal> {
         self.budget
-            .inner
-            .used
-            .fetch_sub(self.bytes, Ordering::AcqRel);
+            .as_ref()
+            .map(|b| b.try_reserve_for(&self.namespace, self.reserve))
+            .transpose()
+    }
+}
+
+/// A fetch that did not run or did not finish within the bounds.
+#[derive(Debug)]
+pub(crate) enum Refused<E> {
+    /// No reservation could be had.
+    Budget(Refusal),
+    /// The mount passed its size limit already (another of its fetches did); this one was
+    /// not started.
+    MountOver,
+    /// The fetch failed.
+    Failed(E),
+}
+
+/// An answer and the bytes it holds in the budget (given back when dropped).
+#[derive(Debug)]
+pub(crate) struct Held<T> {
+    pub(crate) value: T,
+    pub(crate) reservation: Option<Reservation>,
+    /// This answer brought the mount past its size limit.
+    pub(crate) over: bool,
+}
+
+/// A fetch service reachable only through [`Budgeted::fetch`].
+#[derive(Clone, Debug)]
+pub(crate) struct Budgeted<S> {
+    inner: S,
+}
+
+impl<S> Budgeted<S> {
+    pub(crate) fn new(inner: S) -> Self {
+        Self { inner }
+    }
+}
+
+impl<S> Budgeted<S> {
+    /// Runs one upstream fetch of the mount within its bounds: refused when the mount is
+    /// over its size limit already or when no reservation can be had; the reservation is
+    /// given back during retry backoffs and shrunk to the answer's weight, which counts
+    /// against the mount's running total.
+    pub(crate) async fn fetch<R>(
+        &self,
+        mount: &Arc<MountBytes>,
+        request: R,
+    ) -> Result<Held<S::Response>, Refused<S::Error>>
+    where
+        S: Service<R> + Clone,
+        S::Response: Weigh,
+    {
+        if mount.over() {
+            return Err(Refused::MountOver);
+        }
+        let reservation = mount.reserve().map_err(Refused::Budget)?;
+        let slot = Arc::new(Slot {
+            mount: mount.clone(),
+            reservation: Mutex::new(reservation),
+        });
+        let answer = vault::with_backoff(slot.clone(), self.inner.clone().oneshot(request)).await;
+        let value = answer.map_err(Refused::Failed)?;
+        let weight = value.weight();
+        let mut reservation = slot.take();
+        if let Some(r) = &mut reservation {
+            r.shrink_to(weight);
+        }
+        let total = mount.total.fetch_add(weight, Ordering::Relaxed) + weight;
+        Ok(Held {
+            value,
+            reservation,
+            over: total > mount.limit,
+        })
+    }
+}
+
+/// The reservation of one fetch, shared with its backoff hook.
+struct Slot {
+    mount: Arc<MountBytes>,
+    reservation: Mutex<Option<Reservation>>,
+}
+
+impl Slot {
+    fn take(&self) -> Option<Reservation> {
+        self.reservation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl vault::Backoff for Slot {
+    fn pausing(&self) {
+        drop(self.take());
+    }
+
+    fn resuming(&self) -> bool {
+        match self.mount.reserve() {
+            Ok(reservation) => {
+                *self
+                    .reservation
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = reservation;
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -166,5 +456,41 @@ mod tests {
         });
         assert!(budget.high_water() <= 1000);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn one_namespace_holds_at_most_its_share_and_the_others_still_reserve() {
+        let budget = ByteBudget::with_namespace_share(100, 25);
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let held: Vec<_> = (0..5)
+            .map(|_| budget.try_reserve_for(&a, 5).unwrap())
+            .collect();
+        let refusal = budget.try_reserve_for(&a, 1).unwrap_err();
+        assert_eq!(
+            refusal,
+            Refusal::NamespaceShare {
+                namespace: a.clone(),
+                share: 25
+            }
+        );
+        assert!(refusal.to_string().contains("namespace a"), "{refusal}");
+        assert!(
+            refusal
+                .to_string()
+                .contains("server.max_in_flight_bytes_per_namespace")
+        );
+        let other = budget.try_reserve_for(&b, 25).unwrap();
+        assert_eq!(
+            (budget.used_by("a"), budget.used_by("b"), budget.used()),
+            (25, 25, 50)
+        );
+        drop(held);
+        drop(other);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(
+            budget.state().namespaces.len(),
+            0,
+            "empty namespaces are forgotten"
+        );
     }
 }

@@ -166,9 +166,53 @@ pub(crate) fn request(
 
 /// An entry's files and object version from its bundle. Errors name the entry and the
 /// certificate, never key material.
+/// The certificate's private key, when the entry asks for it, decoded through the one gate
+/// of tenant keys (its concurrency bound, namespace turns and key-derivation limits).
+pub(crate) async fn private_key(
+    spec: &CertificateSpec,
+    bundle: &vault::CertificateBundle,
+    keys: &auth::TenantKeys,
+    namespace: &str,
+    deadline: tokio::time::Instant,
+) -> Result<Option<auth::CertificateKey>, MountError> {
+    // A revoked version is refused by `files`, key or not.
+    if !spec.private_key || bundle.revoked.is_some() {
+        return Ok(None);
+    }
+    let what = format!("secrets[{}] {} {}", spec.index, spec.kind.field(), spec.id);
+    let Some(pem) = &bundle.private_key_pem else {
+        return Err(MountError::invalid_argument(format!(
+            "{what} has no private key OCI can return (a certificate issued from an external \
+             CSR, or imported without its key): leave out privateKey: true, or mount the key \
+             from where it is kept"
+        )));
+    };
+    let pem = zeroize::Zeroizing::new(pem.expose().to_vec());
+    let passphrase = bundle
+        .private_key_passphrase
+        .as_ref()
+        .map(|p| zeroize::Zeroizing::new(p.expose().to_vec()));
+    let decoded = keys
+        .certificate_key(namespace, deadline, pem, passphrase)
+        .await
+        .map_err(|e| {
+            MountError::new(
+                crate::service::grpc_kind(e.kind()),
+                format!(
+                    "{what}: its private key cannot be decoded now: {}",
+                    crate::service::chain(&e)
+                ),
+            )
+        })?;
+    decoded
+        .map(Some)
+        .map_err(|e| MountError::invalid_argument(format!("{what}: {e}")))
+}
+
 pub(crate) fn files(
     spec: &CertificateSpec,
     bundle: &vault::CertificateBundle,
+    key: Option<&auth::CertificateKey>,
     mode: csi_grpc::FileMode,
     expiry: &CertificateExpiry,
 ) -> Result<(Vec<File>, ObjectVersion), MountError> {
@@ -196,24 +240,6 @@ pub(crate) fn files(
     };
     let files = match (spec.kind, &spec.cert_path) {
         (CertificateKind::Certificate, Some(cert_path)) => {
-            let key = if spec.private_key {
-                let Some(key) = &bundle.private_key_pem else {
-                    return Err(MountError::invalid_argument(format!(
-                        "{what} has no private key OCI can return (a certificate issued from \
-                         an external CSR, or imported without its key): leave out privateKey: \
-                         true, or mount the key from where it is kept"
-                    )));
-                };
-                Some((
-                    key.expose(),
-                    bundle
-                        .private_key_passphrase
-                        .as_ref()
-                        .map(vault::SecretContent::expose),
-                ))
-            } else {
-                None
-            };
             let tls =
                 vault::TlsFiles::new(&bundle.certificate_pem, bundle.chain_pem.as_deref(), key)
                     .map_err(invalid)?;

@@ -49,6 +49,8 @@ pub(crate) enum ExtractError {
     Parse(String),
     /// The key is absent.
     Missing,
+    /// The value is larger than the room left in the mount.
+    TooLarge,
 }
 
 /// The parsed document: JSON first, then YAML, unless `format` forces one.
@@ -85,18 +87,73 @@ pub(crate) fn parse(content: &[u8], format: Option<Format>) -> Result<Value, Ext
     }
 }
 
-/// The bytes of one key: a string as it is, anything else as compact JSON.
-pub(crate) fn value_of(document: &Value, key: &str) -> Result<Vec<u8>, ExtractError> {
+/// The bytes of one key: a string as it is, anything else as compact JSON; refused
+/// (`TooLarge`) before anything past `room` bytes is copied.
+pub(crate) fn value_of(document: &Value, key: &str, room: usize) -> Result<Vec<u8>, ExtractError> {
     let found = if key.starts_with('/') {
         document.pointer(key)
     } else {
         document.as_object().and_then(|o| o.get(key))
     };
     match found {
+        Some(Value::String(s)) if s.len() > room => Err(ExtractError::TooLarge),
         Some(Value::String(s)) => Ok(s.as_bytes().to_vec()),
-        Some(other) => serde_json::to_vec(other).map_err(|_| ExtractError::Missing),
+        Some(other) => {
+            let mut out = Bounded {
+                bytes: Vec::new(),
+                room,
+            };
+            match serde_json::to_writer(&mut out, other) {
+                Ok(()) => Ok(out.bytes),
+                Err(e) if e.is_io() => Err(ExtractError::TooLarge),
+                Err(_) => Err(ExtractError::Missing),
+            }
+        }
         None => Err(ExtractError::Missing),
     }
+}
+
+/// A writer that fails rather than grow past `room` bytes.
+struct Bounded {
+    bytes: Vec<u8>,
+    room: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.room {
+            return Err(std::io::Error::other("past the mount's size limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Wipes the strings of a parsed secret (keys and values) and drops it: serde_json's
+/// numbers and the parsers' intermediate buffers are out of reach.
+pub(crate) fn wipe(mut document: Value) {
+    use zeroize::Zeroize as _;
+    fn walk(value: &mut Value) {
+        match value {
+            Value::String(s) => s.zeroize(),
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            Value::Object(map) => {
+                for (_, v) in map.iter_mut() {
+                    walk(v);
+                }
+                // The keys are secret content too; a map's keys cannot be changed in place.
+                for (mut key, _) in std::mem::take(map) {
+                    key.zeroize();
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(&mut document);
 }
 
 #[cfg(test)]
@@ -110,17 +167,31 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(value_of(&doc, "/db/password").unwrap(), b"p");
-        assert_eq!(value_of(&doc, "/db/port").unwrap(), b"5432");
+        assert_eq!(value_of(&doc, "/db/password", usize::MAX).unwrap(), b"p");
+        assert_eq!(value_of(&doc, "/db/port", usize::MAX).unwrap(), b"5432");
         assert_eq!(
-            value_of(&doc, "db").unwrap(),
+            value_of(&doc, "db", usize::MAX).unwrap(),
             br#"{"password":"p","port":5432}"#
         );
-        assert_eq!(value_of(&doc, "a.b").unwrap(), b"dotted");
-        assert!(matches!(value_of(&doc, "nope"), Err(ExtractError::Missing)));
+        assert_eq!(value_of(&doc, "a.b", usize::MAX).unwrap(), b"dotted");
+        assert!(matches!(
+            value_of(&doc, "nope", usize::MAX),
+            Err(ExtractError::Missing)
+        ));
         let yaml = parse(b"user: admin\nlist: [1, 2]\n", None).unwrap();
-        assert_eq!(value_of(&yaml, "user").unwrap(), b"admin");
-        assert_eq!(value_of(&yaml, "list").unwrap(), b"[1,2]");
+        assert_eq!(value_of(&yaml, "user", usize::MAX).unwrap(), b"admin");
+        assert_eq!(value_of(&yaml, "list", usize::MAX).unwrap(), b"[1,2]");
+        // Nothing past the room is copied: strings are measured, other values written
+        // through a bounded writer.
+        assert!(matches!(
+            value_of(&yaml, "user", 4),
+            Err(ExtractError::TooLarge)
+        ));
+        assert_eq!(value_of(&yaml, "user", 5).unwrap(), b"admin");
+        assert!(matches!(
+            value_of(&yaml, "list", 4),
+            Err(ExtractError::TooLarge)
+        ));
     }
 
     #[test]

@@ -12,12 +12,13 @@ mod extract;
 mod params;
 mod service;
 
-pub use budget::{ByteBudget, Reservation};
+pub use budget::{ByteBudget, Refusal, Reservation, Weigh};
 pub use certificates::{CertificateExpiry, CertificateService, NoCertificates};
 pub use extract::{Format, KeySpec};
 pub use params::{
-    AuthSpec, CertificateKind, CertificateSpec, DEFAULT_MAX_SECRETS, Encoding, MountParameters,
-    ParamError, SecretSource, SecretSpec, Stage, VersionSelector,
+    AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
+    Encoding, MountParameters, ParamError, ParseLimits, SecretSource, SecretSpec, Stage,
+    VersionSelector,
 };
 pub use service::{
     BundleResponse, IdentityService, MountConfig, OciMount, RegionResolver, RegionStats,

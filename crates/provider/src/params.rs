@@ -27,6 +27,78 @@ const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
 /// (`server.max_secrets_per_mount`).
 pub const DEFAULT_MAX_SECRETS: usize = 256;
 
+/// Files a mount may write unless configured otherwise (`server.max_files_per_mount`):
+/// entries, `keys` items and certificate files together.
+pub const DEFAULT_MAX_FILES: usize = 256;
+
+/// How much of a `secrets` list is parsed at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseLimits {
+    /// Entries (`server.max_secrets_per_mount`).
+    pub max_secrets: usize,
+    /// Files, every kind counted (`server.max_files_per_mount`).
+    pub max_files: usize,
+}
+
+impl Default for ParseLimits {
+    fn default() -> Self {
+        Self {
+            max_secrets: DEFAULT_MAX_SECRETS,
+            max_files: DEFAULT_MAX_FILES,
+        }
+    }
+}
+
+std::thread_local! {
+    /// Files the list being parsed on this thread may still name (`None`: no parse under
+    /// way). The YAML parse is synchronous, so the count cannot cross another parse.
+    static FILES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Takes one file from the parse's allowance; `false` once it is used up.
+fn take_file() -> bool {
+    FILES_LEFT.with(|left| match left.get() {
+        Some(0) => false,
+        Some(n) => {
+            left.set(Some(n - 1));
+            true
+        }
+        None => true,
+    })
+}
+
+/// A `keys` list, each item counted against the files the mount may write as it is read.
+#[derive(Debug)]
+struct CappedKeys(Vec<RawKey>);
+
+impl<'de> Deserialize<'de> for CappedKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeysVisitor;
+        impl<'de> Visitor<'de> for KeysVisitor {
+            type Value = CappedKeys;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of keys")
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CappedKeys, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+                while let Some(key) = seq.next_element::<RawKey>()? {
+                    if !take_file() {
+                        return Err(de::Error::custom(TOO_MANY_FILES));
+                    }
+                    out.push(key);
+                }
+                Ok(CappedKeys(out))
+            }
+        }
+        deserializer.deserialize_seq(KeysVisitor)
+    }
+}
+
+/// The marker of the parse error that the file allowance ran out.
+const TOO_MANY_FILES: &str = "too many files";
+
 pub use vault::Stage;
 
 /// Which version of a secret to fetch.
@@ -194,6 +266,52 @@ pub enum AuthSpec {
     Workload,
 }
 
+/// The `authType` of a SecretProviderClass, without its details: what an operator allows
+/// (`[auth] allowed_types`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthType {
+    /// `user`.
+    User,
+    /// `instance`.
+    Instance,
+    /// `workload`.
+    Workload,
+}
+
+impl AuthType {
+    /// All three, the default: the Go provider allows every type.
+    pub const ALL: [AuthType; 3] = [AuthType::User, AuthType::Instance, AuthType::Workload];
+
+    /// The parameter's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthType::User => "user",
+            AuthType::Instance => "instance",
+            AuthType::Workload => "workload",
+        }
+    }
+}
+
+impl fmt::Display for AuthType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl AuthSpec {
+    /// Its type.
+    pub fn auth_type(&self) -> AuthType {
+        match self {
+            AuthSpec::User { .. } => AuthType::User,
+            AuthSpec::Instance => AuthType::Instance,
+            AuthSpec::Workload => AuthType::Workload,
+        }
+    }
+}
+
 /// The SecretProviderClass parameters of an OCI mount, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountParameters {
@@ -328,7 +446,7 @@ struct RawSecret {
     file_name: Option<String>,
     mode: Option<RawMode>,
     encoding: Option<String>,
-    keys: Option<Vec<RawKey>>,
+    keys: Option<CappedKeys>,
     format: Option<String>,
     #[serde(rename = "failoverVaultId")]
     failover_vault_id: Option<String>,
@@ -362,17 +480,36 @@ impl MountParameters {
     /// Validates the parameters of a mount. `pod` is needed where the identity depends on
     /// it (user and workload principals). At most [`DEFAULT_MAX_SECRETS`] entries.
     pub fn parse(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<Self, ParamError> {
-        Self::parse_limited(attributes, pod, DEFAULT_MAX_SECRETS)
+        Self::parse_within(attributes, pod, ParseLimits::default())
     }
 
-    /// Like [`MountParameters::parse`] with at most `max_secrets` entries in `secrets`; the
-    /// YAML parser stops at the first entry past it, so a list of thousands is never built.
+    /// Like [`MountParameters::parse`] with at most `max_secrets` entries in `secrets` (and
+    /// the default file limit).
     pub fn parse_limited(
         attributes: &BTreeMap<String, String>,
         pod: &Pod,
         max_secrets: usize,
     ) -> Result<Self, ParamError> {
-        let raw = parse_secrets_yaml(attributes, max_secrets)?;
+        Self::parse_within(
+            attributes,
+            pod,
+            ParseLimits {
+                max_secrets,
+                ..ParseLimits::default()
+            },
+        )
+    }
+
+    /// Like [`MountParameters::parse`] within `limits`: the YAML parser stops at the first
+    /// entry past `max_secrets` and at the first entry or `keys` item past `max_files`, so
+    /// a list of thousands is never built; the files of every kind are counted again
+    /// exactly once the entries are checked.
+    pub fn parse_within(
+        attributes: &BTreeMap<String, String>,
+        pod: &Pod,
+        limits: ParseLimits,
+    ) -> Result<Self, ParamError> {
+        let raw = parse_secrets_yaml(attributes, limits)?;
         let auth = parse_auth(attributes, pod)?;
         let vault_id = parse_vault_id(attributes)?;
         let region = parse_region(attributes, REGION)?;
@@ -396,6 +533,14 @@ impl MountParameters {
         }
         let failover = failover_region.as_ref().map(|_| failover_vault.as_deref());
         let (secrets, certificates) = check_secrets(raw, vault_id.as_deref(), failover)?;
+        let files = secrets.iter().map(|s| s.files().count()).sum::<usize>()
+            + certificates
+                .iter()
+                .map(|c| c.files().count())
+                .sum::<usize>();
+        if files > limits.max_files {
+            return Err(too_many_files(files, limits.max_files));
+        }
         Ok(Self {
             secrets,
             certificates,
@@ -407,10 +552,19 @@ impl MountParameters {
     }
 }
 
+fn too_many_files(files: usize, max: usize) -> ParamError {
+    ParamError(format!(
+        "{RETRIEVE_PREFIX}: the mount would write {files} files (entries, keys items and \
+         certificate files), more than the {max} one mount may write \
+         (server.max_files_per_mount); split it over several SecretProviderClasses"
+    ))
+}
+
 fn parse_secrets_yaml(
     attributes: &BTreeMap<String, String>,
-    max_secrets: usize,
+    limits: ParseLimits,
 ) -> Result<Vec<RawSecret>, ParamError> {
+    let max_secrets = limits.max_secrets;
     let yaml = attributes.get(SECRETS).ok_or_else(|| {
         ParamError(format!(
             "{HANDLE_PREFIX}: missed \"secrets\" SecretProviderClass parameters"
@@ -426,9 +580,22 @@ fn parse_secrets_yaml(
         max: max_secrets,
         over: &over,
     };
+    let previous = FILES_LEFT.with(|left| left.replace(Some(limits.max_files)));
     let parsed = serde_saphyr::with_deserializer_from_str(yaml, |de| {
         serde::de::DeserializeSeed::deserialize(seed, de)
     });
+    let files_over = FILES_LEFT.with(|left| left.replace(previous)) == Some(0)
+        && parsed
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains(TOO_MANY_FILES));
+    if files_over {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: the list names more than {} files (entries and keys items), \
+             the most one mount may write (server.max_files_per_mount); parsing stopped there: \
+             split it over several SecretProviderClasses",
+            limits.max_files
+        )));
+    }
     if over.get() {
         return Err(ParamError(format!(
             "{UNMARSHAL_PREFIX}: the list has more than {max_secrets} entries, the most one \
@@ -470,7 +637,13 @@ impl<'de> Visitor<'de> for CappedList<'_> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
         while out.len() < self.max {
             match seq.next_element::<RawSecret>()? {
-                Some(entry) => out.push(entry),
+                Some(entry) => {
+                    // The entry's own file (its keys counted themselves as they were read).
+                    if !take_file() {
+                        return Err(de::Error::custom(TOO_MANY_FILES));
+                    }
+                    out.push(entry);
+                }
                 None => return Ok(out),
             }
         }
@@ -520,11 +693,7 @@ fn parse_auth(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<AuthSp
         ParamError(format!(
             "authType \"{}\" needs the pod's {what} ({key}); is podInfoOnMount enabled on the \
              secrets-store.csi.k8s.io CSIDriver?",
-            match auth {
-                AuthSpec::User { .. } => "user",
-                AuthSpec::Instance => "instance",
-                AuthSpec::Workload => "workload",
-            }
+            auth.auth_type()
         ))
     };
     let present = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
@@ -926,7 +1095,7 @@ fn check_secret(
             )));
         }
     };
-    let keys = match &item.keys {
+    let keys = match item.keys.as_ref().map(|k| &k.0) {
         None => Vec::new(),
         Some(keys) if keys.is_empty() => {
             return Err(ParamError(format!(

@@ -13,7 +13,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
-use crate::budget::{ByteBudget, Reservation};
+use crate::budget::{Budgeted, ByteBudget, MountBytes, Refused, Reservation};
 use crate::params::{
     AuthSpec, Encoding, MountParameters, SecretSource, SecretSpec, VersionSelector,
 };
@@ -53,7 +53,7 @@ where
 /// What the mount service needs of the Secrets service's answer: the bundle, and whether
 /// it came from the cache. A bare `vault::SecretBundle` (a `VaultClient`, a test fake) was
 /// fetched; `cache::Cached` (a `CacheLayer` in front of the client) says.
-pub trait BundleResponse: Send + 'static {
+pub trait BundleResponse: crate::budget::Weigh + Send + 'static {
     /// The bundle and how it was obtained.
     fn into_parts(self) -> (vault::SecretBundle, cache::Lookup);
 }
@@ -80,6 +80,8 @@ pub struct MountConfig {
     pub max_total_bytes: usize,
     /// Most entries in a mount's `secrets` list; the parser stops there.
     pub max_secrets: usize,
+    /// Most files a mount writes, every kind counted; the parser stops there.
+    pub max_files: usize,
     /// The process-wide budget of bytes held by mounts in flight; `None`: unbounded.
     pub budget: Option<ByteBudget>,
     /// What each fetch reserves from the budget before it starts: the Secrets client's
@@ -91,6 +93,12 @@ pub struct MountConfig {
     pub served: Arc<RegionStats>,
     /// The `notAfter` of the certificates mounted lately (the expiry gauge).
     pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
+    /// The `authType`s a mount may use (`[auth] allowed_types`); others are
+    /// PermissionDenied before any upstream call.
+    pub allowed_types: Vec<crate::params::AuthType>,
+    /// The one gate of tenant private keys (`auth::Principals::tenant_keys`): certificate
+    /// keys are decoded through it, as user keys are.
+    pub tenant_keys: auth::TenantKeys,
 }
 
 impl Default for MountConfig {
@@ -99,11 +107,14 @@ impl Default for MountConfig {
             fan_out: 8,
             max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
             max_secrets: crate::params::DEFAULT_MAX_SECRETS,
+            max_files: crate::params::DEFAULT_MAX_FILES,
             budget: None,
             fetch_reserve_bytes: 256 * 1024,
             regions: None,
             served: Arc::new(RegionStats::default()),
             certificate_expiry: Arc::default(),
+            tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
+            allowed_types: crate::params::AuthType::ALL.to_vec(),
         }
     }
 }
@@ -112,8 +123,10 @@ impl Default for MountConfig {
 /// fetched concurrently (bounded), all or nothing.
 pub struct OciMount<A, V, C = crate::certificates::NoCertificates> {
     auth: A,
-    vault: V,
-    certificates: C,
+    // Every upstream fetch passes through the byte budget: the fetch services are held
+    // only behind `Budgeted`, which has no way around it.
+    vault: Budgeted<V>,
+    certificates: Budgeted<C>,
     config: Arc<MountConfig>,
 }
 
@@ -149,8 +162,8 @@ where
     pub fn new(auth: A, vault: V, config: MountConfig) -> Self {
         Self {
             auth,
-            vault,
-            certificates: crate::certificates::NoCertificates,
+            vault: Budgeted::new(vault),
+            certificates: Budgeted::new(crate::certificates::NoCertificates),
             config: Arc::new(config),
         }
     }
@@ -170,17 +183,37 @@ where
         OciMount {
             auth: self.auth,
             vault: self.vault,
-            certificates,
+            certificates: Budgeted::new(certificates),
             config: self.config,
         }
     }
 
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
-        let params = MountParameters::parse_limited(
+        let params = MountParameters::parse_within(
             &request.attributes,
             &request.pod,
-            self.config.max_secrets,
+            crate::params::ParseLimits {
+                max_secrets: self.config.max_secrets,
+                max_files: self.config.max_files,
+            },
         )?;
+        let auth_type = params.auth.auth_type();
+        if !self.config.allowed_types.contains(&auth_type) {
+            let allowed: Vec<&str> = self
+                .config
+                .allowed_types
+                .iter()
+                .map(|t| t.as_str())
+                .collect();
+            return Err(MountError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "authType \"{auth_type}\" is not allowed on this node: the provider's \
+                     auth.allowed_types is [{}]; use one of those, or ask the cluster operator",
+                    allowed.join(", ")
+                ),
+            ));
+        }
         let identity_request = auth::IdentityRequest {
             kind: match &params.auth {
                 AuthSpec::User { secret_name } => auth::PrincipalKind::User {
@@ -200,11 +233,7 @@ where
                 .collect(),
             deadline: request.deadline,
         };
-        let principal = match &params.auth {
-            AuthSpec::User { .. } => "user",
-            AuthSpec::Instance => "instance",
-            AuthSpec::Workload => "workload",
-        };
+        let principal = auth_type.as_str();
         let established = tracing::Instrument::instrument(
             self.auth.clone().oneshot(identity_request),
             tracing::info_span!("establish identity", principal),
@@ -212,9 +241,15 @@ where
         .await
         .map_err(auth_error)?;
         let targets = self.targets(&params, &established)?;
+        let mount = MountBytes::new(
+            self.config.budget.clone(),
+            request.pod.namespace.as_deref().unwrap_or(""),
+            self.config.fetch_reserve_bytes,
+            self.config.max_total_bytes,
+        );
         // The reservations are held until the answer is assembled and handed on.
-        let (bundles, _reservations) = self
-            .fetch_all(&params, &established, &targets, request.deadline)
+        let (bundles, mut reservations) = self
+            .fetch_all(&params, &established, &targets, &mount, request.deadline)
             .await?;
         let mut response = assemble(
             &params,
@@ -223,9 +258,10 @@ where
             self.config.max_total_bytes,
         )?;
         if !params.certificates.is_empty() {
-            let (files, versions) = self
-                .fetch_certificates(&params, &established, &targets, request)
+            let (files, versions, held) = self
+                .fetch_certificates(&params, &established, &targets, &mount, &request)
                 .await?;
+            reservations.extend(held);
             response.files.extend(files);
             response.object_versions.extend(versions);
             let written: usize = response.files.iter().map(|f| f.contents.len()).sum();
@@ -240,19 +276,23 @@ where
                 ));
             }
         }
+        drop(reservations);
         Ok(response)
     }
 
     /// The certificate entries, fetched concurrently (bounded by the fan-out) with the
-    /// mount's identity; the first failure fails the mount.
+    /// mount's identity and within its byte bounds, their keys decoded through the gate of
+    /// tenant keys; the first failure fails the mount.
     async fn fetch_certificates(
         &self,
         params: &MountParameters,
         established: &auth::Established,
         targets: &Targets,
-        request: MountRequest,
-    ) -> Result<(Vec<File>, Vec<ObjectVersion>), MountError> {
+        mount: &Arc<MountBytes>,
+        request: &MountRequest,
+    ) -> Result<(Vec<File>, Vec<ObjectVersion>, Vec<Reservation>), MountError> {
         let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
+        let namespace = request.pod.namespace.clone().unwrap_or_default();
         let mut pending: FuturesUnordered<_> = params
             .certificates
             .iter()
@@ -265,6 +305,11 @@ where
                 );
                 let client = self.certificates.clone();
                 let permits = permits.clone();
+                let mount = mount.clone();
+                let keys = self.config.tenant_keys.clone();
+                let namespace = namespace.clone();
+                let (deadline, file_mode) = (request.deadline, request.file_mode);
+                let expiry = self.config.certificate_expiry.clone();
                 let span = tracing::info_span!(
                     "fetch certificate",
                     entry = spec.index,
@@ -277,43 +322,64 @@ where
                 tracing::Instrument::instrument(
                     async move {
                         let _permit = permits.acquire_owned().await;
-                        let answer = client.oneshot(call).await;
-                        match &answer {
-                            Ok(bundle) => {
-                                if let Some(id) = &bundle.opc_request_id {
-                                    record.record("oci.request_id", id.as_str());
-                                }
+                        let held = match client.fetch(&mount, call).await {
+                            Ok(held) => held,
+                            Err(refused) => {
+                                let error = refused_error(
+                                    refused,
+                                    |err| {
+                                        record.record("error.kind", vault_kind(err).as_str());
+                                        crate::certificates::fetch_error(spec, err)
+                                    },
+                                    &mount,
+                                );
+                                return (spec.index, Err(error));
                             }
-                            Err(err) => {
-                                record.record("error.kind", vault_kind(err).as_str());
-                            }
+                        };
+                        if let Some(id) = &held.value.opc_request_id {
+                            record.record("oci.request_id", id.as_str());
                         }
-                        (spec, answer)
+                        if held.over {
+                            return (spec.index, Err(over_limit(&mount, spec)));
+                        }
+                        let made = async {
+                            let key = crate::certificates::private_key(
+                                spec,
+                                &held.value,
+                                &keys,
+                                &namespace,
+                                deadline,
+                            )
+                            .await?;
+                            let (files, version) = crate::certificates::files(
+                                spec,
+                                &held.value,
+                                key.as_ref(),
+                                file_mode,
+                                &expiry,
+                            )?;
+                            Ok((files, version, held.reservation))
+                        };
+                        (spec.index, made.await)
                     },
                     span,
                 )
             })
             .collect();
-        let mut files = Vec::new();
-        let mut versions = Vec::new();
-        let mut done = Vec::new();
-        while let Some((spec, answer)) = pending.next().await {
-            let bundle = answer.map_err(|err| crate::certificates::fetch_error(spec, &err))?;
-            done.push((spec.index, spec, bundle));
+        let mut done = Vec::with_capacity(params.certificates.len());
+        while let Some((index, made)) = pending.next().await {
+            // Dropping `pending` on the first failure cancels the fetches still running.
+            done.push((index, made?));
         }
         // In request order.
-        done.sort_by_key(|(index, _, _)| *index);
-        for (_, spec, bundle) in done {
-            let (f, v) = crate::certificates::files(
-                spec,
-                &bundle,
-                request.file_mode,
-                &self.config.certificate_expiry,
-            )?;
+        done.sort_by_key(|(index, _)| *index);
+        let (mut files, mut versions, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        for (_, (f, v, r)) in done {
             files.extend(f);
             versions.push(v);
+            held.extend(r);
         }
-        Ok((files, versions))
+        Ok((files, versions, held))
     }
 
     /// The primary region's Secrets endpoint (`region`, else the principal's) and the
@@ -374,11 +440,10 @@ where
         params: &MountParameters,
         established: &auth::Established,
         targets: &Targets,
+        mount: &Arc<MountBytes>,
         deadline: tokio::time::Instant,
     ) -> Result<(Vec<vault::SecretBundle>, Vec<Reservation>), MountError> {
         let permits = Arc::new(Semaphore::new(self.config.fan_out.max(1)));
-        let budget = self.config.budget.clone();
-        let reserve = self.config.fetch_reserve_bytes;
         let mut pending: FuturesUnordered<_> = params
             .secrets
             .iter()
@@ -418,7 +483,7 @@ where
                 let path = spec.path.clone();
                 let vault = self.vault.clone();
                 let permits = permits.clone();
-                let budget = budget.clone();
+                let mount = mount.clone();
                 let span = tracing::info_span!(
                     "fetch secret",
                     entry = index,
@@ -432,15 +497,8 @@ where
                 tracing::Instrument::instrument(async move {
                     let span = fetch_span;
                     let _permit = permits.acquire_owned().await;
-                    let mut reservation = match &budget {
-                        Some(budget) => match budget.try_reserve(reserve) {
-                            Some(r) => Some(r),
-                            None => return (index, Fetched::OverBudget),
-                        },
-                        None => None,
-                    };
-                    let answer = match vault.clone().oneshot(request).await {
-                        Err(err) if failover.is_some() && fails_over(&err) => {
+                    let answer = match vault.fetch(&mount, request).await {
+                        Err(Refused::Failed(err)) if failover.is_some() && fails_over(&err) => {
                             let Some((target, again)) = failover else {
                                 return (index, Fetched::Failed(err));
                             };
@@ -451,7 +509,7 @@ where
                                 "the primary region failed; reading the failover region"
                             );
                             span.record("region", "failover");
-                            let answer = vault.oneshot(again).await;
+                            let answer = vault.fetch(&mount, again).await;
                             if answer.is_ok() {
                                 stats.failover.fetch_add(1, Ordering::Relaxed);
                                 tracing::info!(secret = %path, region = %target.region, "served by the failover region");
@@ -467,18 +525,17 @@ where
                         }
                     };
                     match answer {
-                        Ok(answer) => {
-                            let (bundle, lookup) = answer.into_parts();
+                        Ok(held) => {
+                            let (bundle, lookup) = held.value.into_parts();
                             span.record("lookup", lookup.as_str());
                             if let Some(id) = &bundle.opc_request_id {
                                 span.record("oci.request_id", id.as_str());
                             }
-                            if let Some(r) = &mut reservation {
-                                r.shrink_to(bundle.content.len());
-                            }
-                            (index, Fetched::Bundle(bundle, lookup, reservation))
+                            (index, Fetched::Bundle(bundle, lookup, held.reservation, held.over))
                         }
-                        Err(err) => {
+                        Err(Refused::Budget(refusal)) => (index, Fetched::Refused(refusal)),
+                        Err(Refused::MountOver) => (index, Fetched::MountOver),
+                        Err(Refused::Failed(err)) => {
                             span.record("error.kind", vault_kind(&err).as_str());
                             if let Some(id) = err.opc_request_id() {
                                 span.record("oci.request_id", id);
@@ -493,31 +550,27 @@ where
             (0..params.secrets.len()).map(|_| None).collect();
         let mut reservations = Vec::new();
         let mut failures: Vec<(usize, vault::VaultError)> = Vec::new();
-        let mut total = 0usize;
         let mut shared: Vec<(usize, cache::Lookup)> = Vec::new();
         while let Some((index, fetched)) = pending.next().await {
             match fetched {
-                Fetched::Bundle(bundle, lookup, reservation) => {
+                Fetched::Bundle(bundle, lookup, reservation, over) => {
                     if lookup.is_shared() {
                         shared.push((index, lookup));
                     }
-                    total = total.saturating_add(bundle.content.len());
                     bundles[index] = Some(bundle);
                     reservations.extend(reservation);
-                    if total > self.config.max_total_bytes {
+                    if over {
                         // Dropping `pending` cancels the fetches still running.
                         return Err(too_large(params, &bundles, self.config.max_total_bytes));
                     }
                 }
-                Fetched::OverBudget => {
-                    let capacity = budget.as_ref().map_or(0, ByteBudget::capacity);
+                Fetched::MountOver => {
+                    return Err(too_large(params, &bundles, self.config.max_total_bytes));
+                }
+                Fetched::Refused(refusal) => {
                     return Err(MountError::new(
                         ErrorKind::ResourceExhausted,
-                        format!(
-                            "the provider is holding its budget of {capacity} bytes for mounts \
-                             in flight (server.max_in_flight_bytes) for other mounts; the \
-                             driver will retry this one"
-                        ),
+                        refusal.to_string(),
                     ));
                 }
                 Fetched::Failed(err) => {
@@ -638,9 +691,56 @@ pub struct RegionStats {
 
 /// What one fetch gave.
 enum Fetched {
-    Bundle(vault::SecretBundle, cache::Lookup, Option<Reservation>),
+    /// The bundle, how it was looked up, its bytes in the budget, and whether it brought
+    /// the mount past its size limit.
+    Bundle(
+        vault::SecretBundle,
+        cache::Lookup,
+        Option<Reservation>,
+        bool,
+    ),
     Failed(vault::VaultError),
-    OverBudget,
+    Refused(crate::budget::Refusal),
+    MountOver,
+}
+
+/// A fetch that did not run within the bounds, or failed (`failed` names it).
+fn refused_error(
+    refused: Refused<vault::VaultError>,
+    failed: impl FnOnce(&vault::VaultError) -> MountError,
+    mount: &MountBytes,
+) -> MountError {
+    match refused {
+        Refused::Failed(err) => failed(&err),
+        Refused::Budget(refusal) => {
+            MountError::new(ErrorKind::ResourceExhausted, refusal.to_string())
+        }
+        Refused::MountOver => MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the mounted files would take more than {} bytes (the driver refuses answers \
+                 above 4 MiB): {} bytes fetched so far",
+                mount.limit(),
+                mount.total()
+            ),
+        ),
+    }
+}
+
+/// A certificate entry brought the mount past its size limit.
+fn over_limit(mount: &MountBytes, spec: &crate::params::CertificateSpec) -> MountError {
+    MountError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the mounted files would take more than {} bytes (the driver refuses answers above \
+             4 MiB): {} bytes fetched so far, secrets[{}] {} {} the last",
+            mount.limit(),
+            mount.total(),
+            spec.index,
+            spec.kind.field(),
+            spec.id
+        ),
+    )
 }
 
 /// The mount passed `max_total_bytes` while its secrets arrived: the sizes of those that
@@ -844,6 +944,9 @@ fn assemble(
     }
     let mut object_versions = Vec::with_capacity(bundles.len());
     let mut files = Vec::with_capacity(bundles.len());
+    // The bytes of the files so far: each extracted value is checked against the room
+    // left before it is copied.
+    let mut written = 0usize;
     for (spec, bundle) in params.secrets.iter().zip(bundles) {
         let index = spec.index;
         // The driver keys versions by id; one OCID mounted twice (two versions, two
@@ -862,7 +965,17 @@ fn assemble(
         let mut content = decode(index, spec, bundle.content.into_inner())?;
         let entry_mode = spec.mode.unwrap_or(mode);
         if !spec.keys.is_empty() {
-            extract_keys(index, spec, &content, entry_mode, &mut files)?;
+            written += extract_keys(
+                index,
+                spec,
+                &content,
+                entry_mode,
+                &mut files,
+                max_total_bytes.saturating_sub(written),
+            )?;
+        }
+        if spec.whole {
+            written += content.len();
         }
         if spec.whole {
             files.push(File {
@@ -873,7 +986,6 @@ fn assemble(
         }
     }
     // Extracted values count against the same bound as whole secrets.
-    let written: usize = files.iter().map(|f| f.contents.len()).sum();
     if written > max_total_bytes {
         return Err(MountError::new(
             ErrorKind::ResourceExhausted,
@@ -889,37 +1001,67 @@ fn assemble(
     })
 }
 
-/// The files of an entry's `keys`. Errors name the secret and the key, and for content that
-/// does not parse only the position and kind.
+/// The files of an entry's `keys`, at most `room` bytes in all (checked before each copy);
+/// answers the bytes written. Errors name the secret and the keys, and for content that
+/// does not parse only the position and kind. The parsed document is wiped as soon as the
+/// keys are taken.
 fn extract_keys(
     index: usize,
     spec: &SecretSpec,
     content: &[u8],
     mode: csi_grpc::FileMode,
     files: &mut Vec<File>,
-) -> Result<(), MountError> {
-    use crate::extract::{ExtractError, parse, value_of};
+    room: usize,
+) -> Result<usize, MountError> {
+    use crate::extract::{ExtractError, parse, value_of, wipe};
     let secret = spec.source.display();
     let document = parse(content, spec.format).map_err(|e| match e {
-        ExtractError::Parse(why) => MountError::invalid_argument(format!(
-            "secrets[{index}] {secret:?}: its content cannot be read for keys: {why}"
-        )),
-        ExtractError::Missing => MountError::internal("internal error: a parse without a key"),
-    })?;
-    for (k, key) in spec.keys.iter().enumerate() {
-        let value = value_of(&document, &key.key).map_err(|_| {
+        ExtractError::Parse(why) => {
+            let asked: Vec<String> = spec.keys.iter().map(|k| format!("{:?}", k.key)).collect();
             MountError::invalid_argument(format!(
-                "secrets[{index}] {secret:?} has no key {:?} (secrets[{index}].keys[{k}].key)",
-                key.key
+                "secrets[{index}] {secret:?}: its content cannot be read for keys [{}] \
+                 (secrets[{index}].keys): {why}",
+                asked.join(", ")
             ))
-        })?;
-        files.push(File {
-            path: key.path.clone(),
-            mode: key.mode.unwrap_or(mode),
-            contents: FileContents::new(value),
-        });
+        }
+        _ => MountError::internal("internal error: a parse without a key"),
+    })?;
+    let mut written = 0usize;
+    let mut taken = Ok(());
+    for (k, key) in spec.keys.iter().enumerate() {
+        match value_of(&document, &key.key, room.saturating_sub(written)) {
+            Ok(value) => {
+                written += value.len();
+                files.push(File {
+                    path: key.path.clone(),
+                    mode: key.mode.unwrap_or(mode),
+                    contents: FileContents::new(value),
+                });
+            }
+            Err(ExtractError::TooLarge) => {
+                taken = Err(MountError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "secrets[{index}] {secret:?}: the value of key {:?} \
+                         (secrets[{index}].keys[{k}]) would take the mount's files past the \
+                         bytes the driver accepts in one response; the keys before it took \
+                         {written} of the {room} bytes left",
+                        key.key
+                    ),
+                ));
+                break;
+            }
+            Err(_) => {
+                taken = Err(MountError::invalid_argument(format!(
+                    "secrets[{index}] {secret:?} has no key {:?} (secrets[{index}].keys[{k}].key)",
+                    key.key
+                )));
+                break;
+            }
+        }
     }
-    Ok(())
+    wipe(document);
+    taken.map(|()| written)
 }
 
 /// The entry's `encoding` removed. Failures name the entry and the encoding, never the

@@ -383,7 +383,15 @@ where
                 "retrying OCI secrets call"
             );
             self.retries.count(RetryReason::of(&error));
+            // No answer is held while sleeping: the caller's reservation goes back meanwhile.
+            crate::backoff::pausing();
             tokio::time::sleep(delay).await;
+            if !crate::backoff::resuming() {
+                return Err(VaultError::BudgetFull {
+                    subject: self.subject(),
+                    last: Box::new(error),
+                });
+            }
         }
     }
 

@@ -267,6 +267,20 @@ pub enum VaultError {
     /// The deadline passed while this mount waited for the same fetch by another mount.
     #[error("the deadline passed while {0}")]
     Waited(&'static str),
+    /// After a retry backoff, the caller's byte budget could not hold the next attempt's
+    /// answer (other mounts took it meanwhile).
+    #[error(
+        "{secret}: the bytes for the next attempt could not be reserved after a retry backoff \
+         (server.max_in_flight_bytes is in use by other mounts); {last}",
+        secret = .subject.secret
+    )]
+    BudgetFull {
+        /// The secret and the principal.
+        subject: Box<Subject>,
+        /// The failure the backoff followed.
+        #[source]
+        last: Box<VaultError>,
+    },
 }
 
 impl cache::JoinError for VaultError {
@@ -331,6 +345,7 @@ impl VaultError {
             VaultError::Exhausted { last, .. } => last.kind(),
             VaultError::Shared(shared) => shared.kind(),
             VaultError::Waited(_) => ErrorKind::DeadlineExceeded,
+            VaultError::BudgetFull { .. } => ErrorKind::ResourceExhausted,
         }
     }
 
@@ -475,7 +490,8 @@ impl VaultError {
             | VaultError::Transport { subject, .. }
             | VaultError::DeadlineExceeded { subject, .. }
             | VaultError::InvalidRequest { subject, .. }
-            | VaultError::Other { subject, .. } => Some(subject),
+            | VaultError::Other { subject, .. }
+            | VaultError::BudgetFull { subject, .. } => Some(subject),
             VaultError::Exhausted { last, .. } => last.subject(),
             VaultError::Shared(shared) => shared.subject(),
             VaultError::Waited(_) => None,

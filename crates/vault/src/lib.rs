@@ -17,6 +17,7 @@
 //!   and OCI's `opc-request-id`, never the secret bytes.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod backoff;
 mod bundle;
 mod certificate;
 mod client;
@@ -28,6 +29,7 @@ mod request;
 mod retry;
 mod tls;
 
+pub use backoff::{Backoff, with_backoff};
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};

@@ -11,19 +11,8 @@ use std::fmt;
 use std::time::SystemTime;
 
 use der::{Decode as _, Encode as _};
-use pkcs8::{EncryptedPrivateKeyInfoRef, PrivateKeyInfoRef};
 use x509_cert::Certificate;
 use zeroize::Zeroizing;
-
-/// rsaEncryption.
-const RSA_ENCRYPTION: pkcs8::ObjectIdentifier =
-    pkcs8::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
-/// id-ecPublicKey.
-const EC_PUBLIC_KEY: pkcs8::ObjectIdentifier =
-    pkcs8::ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
-const P256: pkcs8::ObjectIdentifier = pkcs8::ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
-const P384: pkcs8::ObjectIdentifier = pkcs8::ObjectIdentifier::new_unwrap("1.3.132.0.34");
-const P521: pkcs8::ObjectIdentifier = pkcs8::ObjectIdentifier::new_unwrap("1.3.132.0.35");
 
 /// Why certificate material cannot be written. Never holds key bytes or a passphrase.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -36,17 +25,6 @@ pub enum TlsError {
         /// der's reason.
         reason: String,
     },
-    /// The key is not PEM, or not a form this provider reads.
-    #[error("the private key is {0}")]
-    Key(String),
-    /// The key is encrypted and no passphrase came with it, or the passphrase is wrong.
-    #[error("the private key is encrypted and {0}")]
-    Passphrase(&'static str),
-    /// The key is another algorithm than RSA and ECDSA P-256/P-384/P-521.
-    #[error(
-        "the private key's algorithm is {0}; RSA and ECDSA (P-256, P-384, P-521) are supported"
-    )]
-    Algorithm(String),
     /// The key is not the leaf's.
     #[error("the private key does not match the certificate's public key")]
     Mismatch,
@@ -117,12 +95,14 @@ impl fmt::Debug for TlsFiles {
 }
 
 impl TlsFiles {
-    /// Orders the leaf and its chain, and normalises the key (decrypted with `passphrase`
-    /// when it is encrypted) after checking it belongs to the leaf.
+    /// Orders the leaf and its chain, and writes the key as PKCS#8 PEM after checking it
+    /// belongs to the leaf. The key is decoded (and decrypted) only by the gate of tenant
+    /// keys, [`auth::TenantKeys::certificate_key`], the one way to get an
+    /// [`auth::CertificateKey`].
     pub fn new(
         certificate_pem: &str,
         chain_pem: Option<&str>,
-        key: Option<(&[u8], Option<&[u8]>)>,
+        key: Option<&auth::CertificateKey>,
     ) -> Result<Self, TlsError> {
         let leaf = first_cert(certificate_pem, "certificatePem")?;
         let chain = chain_pem
@@ -138,12 +118,11 @@ impl TlsFiles {
         }
         let ca_crt: String = ordered.iter().map(Cert::pem).collect();
         let tls_key = key
-            .map(|(pem, passphrase)| {
-                let pkcs8 = key_pkcs8(pem, passphrase)?;
-                if public_key(&pkcs8)? != leaf.spki_bits {
+            .map(|key| {
+                if key.public_key() != leaf.spki_bits {
                     return Err(TlsError::Mismatch);
                 }
-                Ok(Zeroizing::new(pem_block("PRIVATE KEY", &pkcs8)))
+                Ok(Zeroizing::new(pem_block("PRIVATE KEY", key.pkcs8_der())))
             })
             .transpose()?;
         Ok(Self {
@@ -231,112 +210,14 @@ fn certs(pem: &str, what: &'static str) -> Result<Vec<Cert>, TlsError> {
         .collect()
 }
 
-/// The key's PKCS#8 DER: `PRIVATE KEY` as is, `ENCRYPTED PRIVATE KEY` decrypted (PBES2),
-/// `RSA PRIVATE KEY` (PKCS#1) and `EC PRIVATE KEY` (SEC1) wrapped.
-fn key_pkcs8(pem: &[u8], passphrase: Option<&[u8]>) -> Result<Zeroizing<Vec<u8>>, TlsError> {
-    let text = std::str::from_utf8(pem).map_err(|_| TlsError::Key("not UTF-8 PEM".into()))?;
-    let start = text
-        .find("-----BEGIN ")
-        .ok_or_else(|| TlsError::Key("not PEM (no BEGIN line)".into()))?;
-    if text.contains("Proc-Type:") {
-        return Err(TlsError::Key(
-            "encrypted with OpenSSL's legacy PEM encryption (Proc-Type/DEK-Info); store it as PKCS#8 (ENCRYPTED PRIVATE KEY)".into(),
-        ));
-    }
-    let (label, der) = pem_rfc7468::decode_vec(text[start..].trim_end().as_bytes())
-        .map_err(|e| TlsError::Key(format!("not PEM ({e})")))?;
-    let der = Zeroizing::new(der);
-    let pkcs8 = match label {
-        "PRIVATE KEY" => der,
-        "ENCRYPTED PRIVATE KEY" => {
-            let passphrase = passphrase
-                .filter(|p| !p.is_empty())
-                .ok_or(TlsError::Passphrase("OCI returned no passphrase"))?;
-            let info = EncryptedPrivateKeyInfoRef::try_from(der.as_slice())
-                .map_err(|e| TlsError::Key(format!("not PKCS#8 encrypted ({e})")))?;
-            let plain = info.decrypt(passphrase).map_err(|_| {
-                TlsError::Passphrase("the passphrase OCI returned does not open it")
-            })?;
-            Zeroizing::new(plain.as_bytes().to_vec())
-        }
-        "RSA PRIVATE KEY" => wrap(RSA_ENCRYPTION, None, &der)?,
-        "EC PRIVATE KEY" => {
-            let key = sec1::EcPrivateKey::from_der(&der)
-                .map_err(|e| TlsError::Key(format!("not SEC1 ({e})")))?;
-            let curve = key
-                .parameters
-                .and_then(|p| p.named_curve())
-                .ok_or_else(|| TlsError::Key("a SEC1 key without a named curve".into()))?;
-            wrap(EC_PUBLIC_KEY, Some(curve), &der)?
-        }
-        other => return Err(TlsError::Key(format!("a {other:?} block"))),
-    };
-    // It must be PKCS#8 now, of a supported algorithm.
-    PrivateKeyInfoRef::try_from(pkcs8.as_slice())
-        .map_err(|e| TlsError::Key(format!("not PKCS#8 ({e})")))?;
-    Ok(pkcs8)
-}
-
-/// A PrivateKeyInfo around a PKCS#1 or SEC1 key.
-fn wrap(
-    algorithm: pkcs8::ObjectIdentifier,
-    curve: Option<pkcs8::ObjectIdentifier>,
-    key: &[u8],
-) -> Result<Zeroizing<Vec<u8>>, TlsError> {
-    let parameters = match &curve {
-        Some(oid) => Some(der::asn1::AnyRef::from(oid)),
-        None => Some(der::asn1::AnyRef::NULL),
-    };
-    let info = PrivateKeyInfoRef::new(
-        pkcs8::AlgorithmIdentifierRef {
-            oid: algorithm,
-            parameters,
-        },
-        der::asn1::OctetStringRef::new(key).map_err(|e| TlsError::Key(e.to_string()))?,
-    );
-    Ok(Zeroizing::new(
-        info.to_der().map_err(|e| TlsError::Key(e.to_string()))?,
-    ))
-}
-
-/// The public key a PKCS#8 key implies, in the form an X.509 SubjectPublicKeyInfo carries
-/// it (PKCS#1 RSAPublicKey for RSA, the uncompressed point for ECDSA).
-fn public_key(pkcs8: &[u8]) -> Result<Vec<u8>, TlsError> {
-    use aws_lc_rs::signature::{self, KeyPair as _};
-    let info = PrivateKeyInfoRef::try_from(pkcs8).map_err(|e| TlsError::Key(e.to_string()))?;
-    let oid = info.algorithm.oid;
-    let rejected = |e: aws_lc_rs::error::KeyRejected| TlsError::Key(format!("rejected ({e})"));
-    if oid == RSA_ENCRYPTION {
-        let pair = signature::RsaKeyPair::from_pkcs8(pkcs8).map_err(rejected)?;
-        return Ok(pair.public_key().as_ref().to_vec());
-    }
-    if oid == EC_PUBLIC_KEY {
-        let curve = info
-            .algorithm
-            .parameters_oid()
-            .map_err(|_| TlsError::Key("an EC key without a named curve".into()))?;
-        let alg = match curve {
-            c if c == P256 => &signature::ECDSA_P256_SHA256_ASN1_SIGNING,
-            c if c == P384 => &signature::ECDSA_P384_SHA384_ASN1_SIGNING,
-            c if c == P521 => &signature::ECDSA_P521_SHA512_ASN1_SIGNING,
-            other => return Err(TlsError::Algorithm(format!("EC on curve {other}"))),
-        };
-        let pair = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8).map_err(rejected)?;
-        return Ok(pair.public_key().as_ref().to_vec());
-    }
-    Err(TlsError::Algorithm(match oid.to_string().as_str() {
-        "1.3.101.112" => "Ed25519".into(),
-        "1.2.840.10040.4.1" => "DSA".into(),
-        other => format!("OID {other}"),
-    }))
-}
-
 fn pem_block(label: &str, der: &[u8]) -> String {
     pem_rfc7468::encode_string(label, pem_rfc7468::LineEnding::LF, der).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
+    use auth::{CertificateKey, KeyError, TenantKeys};
+    use pkcs8::PrivateKeyInfoRef;
     use rcgen::{
         BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
         KeyUsagePurpose,
@@ -384,6 +265,27 @@ mod tests {
             leaf: leaf.pem(),
             leaf_key,
         }
+    }
+
+    const RSA_ENCRYPTION: pkcs8::ObjectIdentifier =
+        pkcs8::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+
+    /// The key as the mount decodes it: through the gate of tenant keys.
+    fn decoded(pem: &str, passphrase: Option<&[u8]>) -> Result<CertificateKey, KeyError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(
+                TenantKeys::new(1, std::time::Duration::from_secs(5)).certificate_key(
+                    "tenant",
+                    tokio::time::Instant::now() + std::time::Duration::from_secs(5),
+                    Zeroizing::new(pem.as_bytes().to_vec()),
+                    passphrase.map(|p| Zeroizing::new(p.to_vec())),
+                ),
+            )
+            .unwrap()
     }
 
     fn ders(pem: &str) -> Vec<CertificateDer<'static>> {
@@ -459,7 +361,8 @@ mod tests {
             ] {
                 let chain = format!("{}{}", p.intermediate, p.root);
                 let files =
-                    TlsFiles::new(&p.leaf, Some(&chain), Some((pem.as_bytes(), None))).unwrap();
+                    TlsFiles::new(&p.leaf, Some(&chain), Some(&decoded(&pem, None).unwrap()))
+                        .unwrap();
                 let key = files.tls_key.as_ref().unwrap();
                 assert!(key.starts_with("-----BEGIN PRIVATE KEY-----\n"), "{form}");
                 let (_, der) = pem_rfc7468::decode_vec(key.as_bytes()).unwrap();
@@ -467,7 +370,11 @@ mod tests {
                     assert_eq!(der, pkcs8, "{form}: the same bytes");
                 } else {
                     // The SEC1 key now names its curve; the same key all the same.
-                    assert_eq!(public_key(&der).unwrap(), public_key(&pkcs8).unwrap());
+                    let pem = |der: &[u8]| pem_block("PRIVATE KEY", der);
+                    assert_eq!(
+                        decoded(&pem(&der), None).unwrap().public_key(),
+                        decoded(&pem(&pkcs8), None).unwrap().public_key()
+                    );
                 }
                 verifies(&files, "web.example.com").unwrap();
             }
@@ -493,31 +400,21 @@ mod tests {
             .encrypt_with_params(params, b"correct horse")
             .unwrap();
         let pem = pem_block("ENCRYPTED PRIVATE KEY", encrypted.as_bytes());
-        let files = TlsFiles::new(
-            &p.leaf,
-            None,
-            Some((pem.as_bytes(), Some(b"correct horse".as_slice()))),
-        )
-        .unwrap();
+        let decrypted = decoded(&pem, Some(b"correct horse".as_slice())).unwrap();
+        let files = TlsFiles::new(&p.leaf, None, Some(&decrypted)).unwrap();
         let (label, der) =
             pem_rfc7468::decode_vec(files.tls_key.as_ref().unwrap().as_bytes()).unwrap();
         assert_eq!((label, der), ("PRIVATE KEY", pkcs8.clone()));
 
         for (passphrase, expected) in [
-            (None, TlsError::Passphrase("OCI returned no passphrase")),
-            (
-                Some(b"".as_slice()),
-                TlsError::Passphrase("OCI returned no passphrase"),
-            ),
-            (
-                Some(b"wrong".as_slice()),
-                TlsError::Passphrase("the passphrase OCI returned does not open it"),
-            ),
+            (None, "PassphraseRequired"),
+            (Some(b"".as_slice()), "PassphraseRequired"),
+            (Some(b"guess-1234".as_slice()), "WrongPassphrase"),
         ] {
-            let err = TlsFiles::new(&p.leaf, None, Some((pem.as_bytes(), passphrase))).unwrap_err();
-            assert_eq!(err, expected);
+            let err = decoded(&pem, passphrase).unwrap_err();
+            assert_eq!(format!("{err:?}"), expected);
             assert!(
-                !err.to_string().contains("wrong"),
+                !err.to_string().contains("guess-1234"),
                 "the passphrase is never quoted"
             );
         }
@@ -527,12 +424,8 @@ mod tests {
     fn a_key_of_another_certificate_is_refused() {
         let p = pki(KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap());
         let other = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let err = TlsFiles::new(
-            &p.leaf,
-            None,
-            Some((other.serialize_pem().as_bytes(), None)),
-        )
-        .unwrap_err();
+        let other = decoded(&other.serialize_pem(), None).unwrap();
+        let err = TlsFiles::new(&p.leaf, None, Some(&other)).unwrap_err();
         assert_eq!(err, TlsError::Mismatch);
     }
 
@@ -540,17 +433,19 @@ mod tests {
     fn unusable_keys_and_certificates_are_named_without_their_bytes() {
         let p = pki(KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap());
         let ed = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
-        let err =
-            TlsFiles::new(&p.leaf, None, Some((ed.serialize_pem().as_bytes(), None))).unwrap_err();
-        assert_eq!(err, TlsError::Algorithm("Ed25519".into()));
+        let err = decoded(&ed.serialize_pem(), None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the private key's algorithm is Ed25519; RSA and ECDSA (P-256, P-384, P-521) are supported"
+        );
         let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\nAAAA\n-----END RSA PRIVATE KEY-----\n";
-        let err = TlsFiles::new(&p.leaf, None, Some((legacy.as_bytes(), None))).unwrap_err();
+        let err = decoded(legacy, None).unwrap_err();
         assert!(err.to_string().contains("legacy PEM encryption"), "{err}");
         let secret =
             "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----\n";
-        let err = TlsFiles::new(&p.leaf, None, Some((secret.as_bytes(), None))).unwrap_err();
+        let err = decoded(secret, None).unwrap_err();
         assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
-        assert!(matches!(err, TlsError::Key(_)), "{err}");
+        assert!(matches!(err, KeyError::NotAKey { .. }), "{err}");
         let err = TlsFiles::new("not a certificate", None, None).unwrap_err();
         assert!(err.to_string().contains("certificatePem"), "{err}");
         let err = TlsFiles::new(
@@ -560,12 +455,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("certChainPem"), "{err}");
-        let files = TlsFiles::new(
-            &p.leaf,
-            None,
-            Some((p.leaf_key.serialize_pem().as_bytes(), None)),
-        )
-        .unwrap();
+        let leaf_key = decoded(&p.leaf_key.serialize_pem(), None).unwrap();
+        assert!(
+            !format!("{leaf_key:?}").contains("PRIVATE"),
+            "Debug redacts the key"
+        );
+        let files = TlsFiles::new(&p.leaf, None, Some(&leaf_key)).unwrap();
         assert!(
             !format!("{files:?}").contains("PRIVATE KEY"),
             "Debug redacts the key"

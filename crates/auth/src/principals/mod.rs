@@ -299,7 +299,7 @@ struct Inner {
     region: Option<Region>,
     kube: Option<KubeApi>,
     users: Cache<(String, String), user::UserKey>,
-    key_gate: keyload::KeyGate,
+    key_gate: crate::tenant_keys::TenantKeys,
     failed_keys: keyload::FailedLoads,
     workloads: Cache<(String, String), workload::Session>,
     instance: Cache<(), instance::Session>,
@@ -363,10 +363,16 @@ impl Principals {
         Ok((region, endpoint))
     }
 
-    /// User principals' private keys loaded (decrypted) so far; a failed load answered
-    /// from memory is not counted.
+    /// Tenant private keys loaded (decrypted) so far, user keys and certificate keys; a
+    /// failed load answered from memory is not counted.
     pub fn key_loads(&self) -> u64 {
         self.inner.key_gate.loads()
+    }
+
+    /// The one gate of tenant private keys, shared with whatever else decodes keys a
+    /// tenant supplies (certificate keys): the same concurrency bound and namespace turns.
+    pub fn tenant_keys(&self) -> crate::tenant_keys::TenantKeys {
+        self.inner.key_gate.clone()
     }
 
     /// Checks the configuration (region, region metadata, kubeconfig) and sets up empty
@@ -394,7 +400,10 @@ impl Principals {
             config.kubeconfig.as_deref(),
             &config.service_account_token_file,
         )?;
-        let key_gate = keyload::KeyGate::new(config.max_concurrent_key_loads, config.key_load_wait);
+        let key_gate = crate::tenant_keys::TenantKeys::new(
+            config.max_concurrent_key_loads,
+            config.key_load_wait,
+        );
         let users = credential_cache("user", Some(config.user_secret_ttl), &clock);
         let workloads = credential_cache("rpst", None, &clock);
         let instance = credential_cache("instance", None, &clock);

@@ -11,3 +11,4 @@ mod identity;
 mod memory;
 mod params;
 mod proptests;
+mod tenancy;

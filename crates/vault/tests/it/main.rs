@@ -769,13 +769,23 @@ async fn certificates_come_signed_from_the_emulator_and_make_tls_files() {
     assert!(bundle.private_key_passphrase.is_some());
     let key = bundle.private_key_pem.as_ref().unwrap().expose();
     assert!(key.starts_with(b"-----BEGIN ENCRYPTED PRIVATE KEY-----"));
+    let decoded = auth::TenantKeys::new(1, Duration::from_secs(5))
+        .certificate_key(
+            "tenant",
+            tokio::time::Instant::now() + Duration::from_secs(5),
+            zeroize::Zeroizing::new(key.to_vec()),
+            bundle
+                .private_key_passphrase
+                .as_ref()
+                .map(|p| zeroize::Zeroizing::new(p.expose().to_vec())),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     let files = TlsFiles::new(
         &bundle.certificate_pem,
         bundle.chain_pem.as_deref(),
-        Some((
-            key,
-            bundle.private_key_passphrase.as_ref().map(|p| p.expose()),
-        )),
+        Some(&decoded),
     )
     .unwrap();
     assert!(
