@@ -307,6 +307,7 @@ pub(crate) fn build(
             budget: Some(budget.clone()),
             tenant_keys,
             allowed_types: config.auth.allowed_types.clone(),
+            allowed_regions: config.auth.allowed_regions.clone(),
             fetch_reserve_bytes: u.max_bundle_bytes,
             regions: Some(Arc::new(PrincipalRegions(principals_for_metrics.clone()))),
             served: served.clone(),

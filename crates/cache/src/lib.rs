@@ -152,6 +152,9 @@ pub struct CacheStats {
     pub evicted_expired: u64,
     /// Removed because a caller said so ([`Cache::invalidate_if`]).
     pub evicted_invalidated: u64,
+    /// Callers that gave up after [`MAX_ATTEMPTS`] flights in a row fetched values they
+    /// could not use (another caller's): they got an error, never such a value.
+    pub unusable: u64,
     /// Callers in a flight now: leading an upstream call or waiting for one.
     pub in_flight: u64,
     /// Entries held now.
@@ -168,6 +171,7 @@ struct Counters {
     evicted_size: AtomicU64,
     evicted_expired: AtomicU64,
     evicted_invalidated: AtomicU64,
+    unusable: AtomicU64,
     in_flight: AtomicU64,
 }
 
@@ -196,7 +200,7 @@ struct Stored<V> {
 
 /// How many times a waiter starts over after a flight it did not lead ended with the
 /// leader's own deadline, or with a value it cannot use, before it gives up.
-const MAX_ATTEMPTS: usize = 8;
+pub const MAX_ATTEMPTS: usize = 8;
 
 /// A bounded single-flight cache from `K` to `V`. Clones share the entries.
 pub struct Cache<K, V> {
@@ -333,9 +337,17 @@ where
                         }
                         return Ok((stored.value.clone(), Lookup::Fetched));
                     }
-                    if usable(&stored.value) || attempts >= MAX_ATTEMPTS {
+                    if usable(&stored.value) {
                         counters.joined.fetch_add(1, Ordering::Relaxed);
                         return Ok((stored.value.clone(), Lookup::Joined));
+                    }
+                    if attempts >= MAX_ATTEMPTS {
+                        // Never hand a caller a value it refused.
+                        counters.unusable.fetch_add(1, Ordering::Relaxed);
+                        return Err(E::waited_too_long(
+                            "waiting for a value this caller can use: the fetches it joined \
+                             kept bringing another caller's",
+                        ));
                     }
                     // Another caller's value this one cannot use (e.g. another service
                     // account uid under one name): start over.
@@ -449,6 +461,7 @@ where
             evicted_size: c.evicted_size.load(Ordering::Relaxed),
             evicted_expired: c.evicted_expired.load(Ordering::Relaxed),
             evicted_invalidated: c.evicted_invalidated.load(Ordering::Relaxed),
+            unusable: c.unusable.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
             entries,
             bytes,

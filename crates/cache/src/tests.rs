@@ -67,6 +67,22 @@ fn cache(ttl: Option<Duration>, clock: &Arc<ManualClock>) -> Cache<u32, Value> {
     )
 }
 
+/// Waits until `alive` has `expected` strong references. moka frees removed entries through
+/// crossbeam-epoch, whose reclamation is process-wide: with other tests running on other
+/// threads of the same process (`cargo test`), a dropped entry is freed a little later, when
+/// the epoch advances. Each round pins the epoch again (a cache operation) so it does; the
+/// wait is bounded, and the assertion after it is exact.
+async fn settle(cache: &Cache<u32, Value>, alive: &Arc<()>, expected: usize) {
+    for _ in 0..2000 {
+        if Arc::strong_count(alive) == expected {
+            return;
+        }
+        cache.sync().await;
+        let _ = cache.get(&u32::MAX).await;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn later(secs: u64) -> Instant {
     Instant::now() + Duration::from_secs(secs)
 }
@@ -400,6 +416,7 @@ async fn a_zero_ttl_keeps_nothing() {
     assert_eq!(fetches.load(Ordering::SeqCst), 3);
     cache.sync().await;
     assert_eq!(cache.stats().entries, 0);
+    settle(&cache, &alive, 1).await;
     assert_eq!(Arc::strong_count(&alive), 1, "no clone kept");
 }
 
@@ -418,6 +435,7 @@ async fn purging_drops_expired_values_without_waiting_for_a_read() {
     cache.sync().await;
     assert_eq!(cache.stats().entries, 10);
     assert_eq!(cache.stats().bytes, 1000);
+    settle(&cache, &alive, 11).await;
     assert_eq!(Arc::strong_count(&alive), 11);
     assert_eq!(cache.purge_expired().await, 0);
     clock.advance(Duration::from_secs(30));
@@ -427,6 +445,7 @@ async fn purging_drops_expired_values_without_waiting_for_a_read() {
         (stats.entries, stats.bytes, stats.evicted_expired),
         (0, 0, 10)
     );
+    settle(&cache, &alive, 1).await;
     assert_eq!(Arc::strong_count(&alive), 1, "every value was dropped");
 }
 
@@ -443,6 +462,7 @@ async fn the_purger_runs_on_a_timer_and_stops_with_the_cache() {
     let purger = cache.spawn_purger(Duration::from_secs(10));
     clock.advance(Duration::from_secs(31));
     tokio::time::sleep(Duration::from_secs(11)).await;
+    settle(&cache, &alive, 1).await;
     assert_eq!(Arc::strong_count(&alive), 1);
     drop(cache);
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -476,6 +496,7 @@ async fn the_byte_bound_evicts_and_counts_secret_bytes() {
     assert!(stats.bytes <= 10_000, "{stats:?}");
     assert!(stats.entries <= 10, "{stats:?}");
     assert!(stats.evicted_size >= 40, "{stats:?}");
+    settle(&cache, &alive, stats.entries as usize + 1).await;
     assert_eq!(Arc::strong_count(&alive) as u64, stats.entries + 1);
 }
 
@@ -605,4 +626,60 @@ mod layer {
         assert_eq!(calls.load(Ordering::SeqCst), 4);
         assert_eq!(service.cache().stats().hits, 1);
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_never_gets_a_value_it_refused() {
+    // Another caller keeps fetching key 1 (TTL zero: every call leads a flight), one flight
+    // at a time as the test releases them; a caller that cannot use those values (another
+    // service-account uid under one name) joins each flight and, after MAX_ATTEMPTS, gets
+    // an error, counted, never such a value. On one thread the other caller starts its
+    // next flight before the refusing one wakes, so the refusing one never leads.
+    let clock = clock();
+    let cache = cache(Some(Duration::ZERO), &clock);
+    let alive = Arc::new(());
+    let release = Arc::new(Notify::new());
+    let other = {
+        let (cache, alive, release) = (cache.clone(), alive.clone(), release.clone());
+        tokio::spawn(async move {
+            loop {
+                let fetch = |_| {
+                    let (value, release) = (Value::new(7, 1, &alive), release.clone());
+                    async move {
+                        release.notified().await;
+                        Ok::<_, TestError>(value)
+                    }
+                };
+                let _ = cache.get_or_fetch(&1, later(5), |_| true, fetch).await;
+            }
+        })
+    };
+    while cache.stats().in_flight == 0 {
+        tokio::task::yield_now().await;
+    }
+    let refusing = {
+        let (cache, alive) = (cache.clone(), alive.clone());
+        tokio::spawn(async move {
+            let own = |_| std::future::ready(Ok::<_, TestError>(Value::new(1, 1, &alive)));
+            cache
+                .get_or_fetch(&1, later(5), |v: &Value| v.id != 7, own)
+                .await
+        })
+    };
+    let mut released = 0;
+    while !refusing.is_finished() && released < 4 * MAX_ATTEMPTS {
+        // Let the refusing caller join the flight in progress, then end it.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        release.notify_one();
+        released += 1;
+    }
+    let answer = refusing.await.unwrap();
+    other.abort();
+    match answer {
+        Ok((value, lookup)) => panic!("handed {lookup:?} value {} it refused", value.id),
+        Err(error) => assert_eq!(error, TestError::Waited),
+    }
+    assert_eq!(cache.stats().unusable, 1);
 }

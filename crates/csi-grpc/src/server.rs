@@ -64,8 +64,10 @@ pub struct MountLimits {
     /// Mounts served at once; beyond it a mount is refused with `ResourceExhausted` so the
     /// driver retries later instead of the node falling over.
     pub max_in_flight: usize,
-    /// Mounts of one namespace served at once: one tenant whose mounts stall (an
-    /// unreachable region, a slow key) keeps the other slots free for everybody else.
+    /// Mounts of one namespace served at once while the other namespaces may need the
+    /// slots: past it, a namespace takes a slot only while this many stay free, so one
+    /// tenant whose mounts stall (an unreachable region, a slow key) never holds the
+    /// slots every other namespace needs.
     pub max_in_flight_per_namespace: usize,
     /// Deadline when the driver sends no `grpc-timeout`.
     pub default_deadline: Duration,
@@ -116,13 +118,24 @@ struct NamespaceSlots {
 }
 
 impl NamespaceSlots {
-    fn try_take(self: &Arc<Self>, namespace: &str, max: usize) -> Option<NamespaceSlot> {
+    /// A slot for `namespace`: within its `share`, or past it while `share` slots of the
+    /// `total` stay free for the other namespaces (`in_use` counts this mount already).
+    fn try_take(
+        self: &Arc<Self>,
+        namespace: &str,
+        share: usize,
+        in_use: usize,
+        total: usize,
+    ) -> Option<NamespaceSlot> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let count = held.entry(namespace.to_owned()).or_default();
-        if *count >= max {
+        if *count >= share && in_use.saturating_add(share) > total {
+            if *count == 0 {
+                held.remove(namespace);
+            }
             return None;
         }
         *count += 1;
@@ -251,18 +264,24 @@ where
         let request = MountRequest::from_proto(request.into_inner(), deadline)?;
         let namespace = request.pod.namespace.as_deref().unwrap_or("");
         let max = self.limits.max_in_flight_per_namespace.max(1);
-        let _slot = self.namespaces.try_take(namespace, max).ok_or_else(|| {
-            if let Some(observer) = &self.observer {
-                observer.mount_shed();
-            }
-            MountError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "namespace {namespace:?} has {max} mounts in flight on this node, its share \
-                     (server.max_in_flight_per_namespace); the driver will retry"
-                ),
-            )
-        })?;
+        let total = self.limits.max_in_flight.max(1);
+        let in_use = total - self.in_flight.available_permits();
+        let _slot = self
+            .namespaces
+            .try_take(namespace, max, in_use, total)
+            .ok_or_else(|| {
+                if let Some(observer) = &self.observer {
+                    observer.mount_shed();
+                }
+                MountError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "namespace {namespace:?} has {max} or more mounts in flight on this node, \
+                     past its share (server.max_in_flight_per_namespace) while other \
+                     namespaces need the slots left; the driver will retry"
+                    ),
+                )
+            })?;
         span.record(
             "pod.namespace",
             request.pod.namespace.as_deref().unwrap_or(""),

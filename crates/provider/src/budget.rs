@@ -93,7 +93,8 @@ impl ByteBudget {
         Self::with_namespace_share(capacity, capacity)
     }
 
-    /// A budget of `capacity` bytes of which one namespace holds at most `per_namespace`.
+    /// A budget of `capacity` bytes of which one namespace holds more than `per_namespace`
+    /// only while `per_namespace` bytes stay free for the other namespaces.
     pub fn with_namespace_share(capacity: usize, per_namespace: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -145,7 +146,12 @@ impl ByteBudget {
         };
         if let Some(namespace) = namespace {
             let held = state.namespaces.get(namespace).copied().unwrap_or(0);
-            if held.saturating_add(bytes) > self.inner.per_namespace {
+            // Past its share a namespace still reserves while one share stays free for the
+            // others: the share binds only when another namespace may need the bytes.
+            let past_share = held.saturating_add(bytes) > self.inner.per_namespace;
+            let leaves_a_share =
+                next.saturating_add(self.inner.per_namespace) <= self.inner.capacity;
+            if past_share && !leaves_a_share {
                 return refuse(Refusal::NamespaceShare {
                     namespace: namespace.clone(),
                     share: self.inner.per_namespace,
@@ -459,10 +465,11 @@ mod tests {
     }
 
     #[test]
-    fn one_namespace_holds_at_most_its_share_and_the_others_still_reserve() {
+    fn one_namespace_past_its_share_leaves_a_share_for_the_others() {
         let budget = ByteBudget::with_namespace_share(100, 25);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        let held: Vec<_> = (0..5)
+        // Alone, a goes past its share while one share stays free: 75 bytes.
+        let held: Vec<_> = (0..15)
             .map(|_| budget.try_reserve_for(&a, 5).unwrap())
             .collect();
         let refusal = budget.try_reserve_for(&a, 1).unwrap_err();
@@ -479,11 +486,13 @@ mod tests {
                 .to_string()
                 .contains("server.max_in_flight_bytes_per_namespace")
         );
+        // b finds its share free.
         let other = budget.try_reserve_for(&b, 25).unwrap();
         assert_eq!(
             (budget.used_by("a"), budget.used_by("b"), budget.used()),
-            (25, 25, 50)
+            (75, 25, 100)
         );
+        assert!(budget.try_reserve_for(&b, 1).is_err(), "the budget is full");
         drop(held);
         drop(other);
         assert_eq!(budget.used(), 0);

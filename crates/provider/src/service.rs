@@ -93,6 +93,10 @@ pub struct MountConfig {
     pub served: Arc<RegionStats>,
     /// The `notAfter` of the certificates mounted lately (the expiry gauge).
     pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
+    /// Regions (ids or short codes) a SecretProviderClass may name in `region` /
+    /// `failoverRegion` (`[auth] allowed_regions`); empty: any region the provider knows in
+    /// the principal's realm.
+    pub allowed_regions: Vec<String>,
     /// The `authType`s a mount may use (`[auth] allowed_types`); others are
     /// PermissionDenied before any upstream call.
     pub allowed_types: Vec<crate::params::AuthType>,
@@ -115,6 +119,7 @@ impl Default for MountConfig {
             certificate_expiry: Arc::default(),
             tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
             allowed_types: crate::params::AuthType::ALL.to_vec(),
+            allowed_regions: Vec::new(),
         }
     }
 }
@@ -395,22 +400,34 @@ where
                     "parameter {key:?} {region:?} cannot be used: this provider resolves no regions"
                 ))
             })?;
-            resolver.resolve(region).map_err(|why| {
+            let resolved = resolver.resolve(region).map_err(|why| {
                 MountError::invalid_argument(format!("parameter {key:?} {region:?}: {why}"))
-            })
+            })?;
+            self.check_allowed(key, region, &resolved, resolver.as_ref())?;
+            Ok::<_, MountError>(resolved)
         };
+        let principal_realm = established
+            .region
+            .as_ref()
+            .and_then(|r| r.domain().map(str::to_owned));
         let (primary, certificates, realm) = match &params.region {
             Some(region) => {
                 let r = resolve("region", region)?;
+                // A tenant's region stays in the principal's realm, as a failover does.
+                if let (Some(own), Some(theirs)) = (&principal_realm, &r.realm)
+                    && own != theirs
+                {
+                    return Err(MountError::invalid_argument(format!(
+                        "parameter \"region\" {region:?} is in realm {theirs}, the principal in \
+                         realm {own}: a SecretProviderClass reads within its principal's realm"
+                    )));
+                }
                 (r.secrets_endpoint, r.certificates_endpoint, r.realm)
             }
             None => (
                 established.secrets_endpoint.clone(),
                 established.certificates_endpoint.clone(),
-                established
-                    .region
-                    .as_ref()
-                    .and_then(|r| r.domain().map(str::to_owned)),
+                principal_realm,
             ),
         };
         let failover = match &params.failover_region {
@@ -433,6 +450,35 @@ where
             certificates,
             failover,
         })
+    }
+
+    /// `[auth] allowed_regions`, when set, lists every region a class may name.
+    fn check_allowed(
+        &self,
+        key: &str,
+        region: &str,
+        resolved: &ResolvedRegion,
+        resolver: &dyn RegionResolver,
+    ) -> Result<(), MountError> {
+        let allowed = &self.config.allowed_regions;
+        if allowed.is_empty()
+            || allowed.iter().any(|a| {
+                a == &resolved.region
+                    || resolver
+                        .resolve(a)
+                        .is_ok_and(|r| r.region == resolved.region)
+            })
+        {
+            return Ok(());
+        }
+        Err(MountError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "parameter {key:?} {region:?} is not among the regions this provider's \
+                 auth.allowed_regions lists ({})",
+                allowed.join(", ")
+            ),
+        ))
     }
 
     async fn fetch_all(

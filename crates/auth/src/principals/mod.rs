@@ -617,7 +617,7 @@ pub(crate) fn fuzz_check_token(
     service_account: &str,
     now: std::time::SystemTime,
 ) -> bool {
-    workload::check_token(token, namespace, service_account, now).is_ok()
+    workload::check_token(token, namespace, service_account, None, now).is_ok()
 }
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ pub(super) fn check_token(
     token: &SecretString,
     namespace: &str,
     service_account: &str,
+    pod: Option<(&str, &str)>,
     now: SystemTime,
 ) -> Result<TokenInfo, AuthError> {
     let invalid = |reason: &'static str| AuthError::InvalidServiceAccountToken {
@@ -86,12 +87,29 @@ pub(super) fn check_token(
     if !fresh(exp, now) {
         return Err(invalid("it expires within five minutes or has expired"));
     }
-    let claimed_ns = jwt::string_at(&claims, &["kubernetes.io", "namespace"]);
-    let claimed_sa = jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "name"]);
-    if claimed_ns.is_some_and(|ns| ns != namespace)
-        || claimed_sa.is_some_and(|sa| sa != service_account)
-    {
+    // Bound tokens (TokenRequest, the kubelet's projected tokens) carry the nested
+    // `kubernetes.io` claims; a token without them (a legacy Secret-based token) cannot be
+    // tied to this pod's service account.
+    let (Some(claimed_ns), Some(claimed_sa)) = (
+        jwt::string_at(&claims, &["kubernetes.io", "namespace"]),
+        jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "name"]),
+    ) else {
+        return Err(invalid(
+            "it carries no kubernetes.io namespace and service-account claims (a legacy \
+             Secret-based token?); workload identity needs a bound token",
+        ));
+    };
+    if claimed_ns != namespace || claimed_sa != service_account {
         return Err(invalid("it belongs to another service account"));
+    }
+    // A token bound to a pod must be bound to this one.
+    if let Some((pod_name, pod_uid)) = pod {
+        let claimed_name = jwt::string_at(&claims, &["kubernetes.io", "pod", "name"]);
+        let claimed_uid = jwt::string_at(&claims, &["kubernetes.io", "pod", "uid"]);
+        if claimed_name.is_some_and(|n| n != pod_name) || claimed_uid.is_some_and(|u| u != pod_uid)
+        {
+            return Err(invalid("it is bound to another pod"));
+        }
     }
     let uid = jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "uid"]);
     Ok(TokenInfo { exp, uid })
@@ -112,7 +130,13 @@ pub(super) async fn establish(
         .get(&inner.config.workload_audience)
     {
         Some(token) => {
-            let info = check_token(token, namespace, service_account, inner.now())?;
+            let info = check_token(
+                token,
+                namespace,
+                service_account,
+                request.pod(),
+                inner.now(),
+            )?;
             Some((token.clone(), info))
         }
         None if inner.config.token_request => None,
@@ -225,6 +249,7 @@ pub(super) async fn signing_key(
                             &current.sa_token,
                             namespace,
                             service_account,
+                            current.pod.as_ref().map(|(n, u)| (n.as_str(), u.as_str())),
                             inner.now(),
                         )?;
                         (current.sa_token.clone(), info)
@@ -279,7 +304,13 @@ async fn request_token(
             deadline,
         )
         .await?;
-    let info = check_token(&token, namespace, service_account, inner.now())?;
+    let info = check_token(
+        &token,
+        namespace,
+        service_account,
+        pod.map(|(n, u)| (n.as_str(), u.as_str())),
+        inner.now(),
+    )?;
     Ok((token, info))
 }
 

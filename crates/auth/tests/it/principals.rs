@@ -783,7 +783,25 @@ async fn a_locally_invalid_service_account_token_makes_no_proxymux_call() {
     let arrived = fx.emu.stats().arrived(Endpoint::Proxymux);
     let expiring = sa_token(&fx, SA, Duration::from_secs(299));
     let other_sa = sa_token(&fx, "sa-3", Duration::from_secs(3600));
+    let other_pod = fx
+        .emu
+        .issue_service_account_token(NS, SA, Duration::from_secs(3600), Some(("pod-2", "uid-2")))
+        .unwrap();
+    // A legacy Secret-based token: the subject and expiry, no nested kubernetes.io claims.
+    let legacy = {
+        use base64::Engine as _;
+        let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let claims = format!(
+            r#"{{"iss":"kubernetes/serviceaccount","sub":"system:serviceaccount:{NS}:{SA}","exp":4102444800}}"#
+        );
+        format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(&claims))
+    };
     for (token, reason) in [
+        (
+            legacy,
+            "no kubernetes.io namespace and service-account claims",
+        ),
+        (other_pod, "bound to another pod"),
         ("not-a-jwt".to_owned(), "three parts"),
         ("a.b.c".to_owned(), "base64url json"),
         (expiring, "expires within five minutes"),

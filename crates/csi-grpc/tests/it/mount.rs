@@ -380,6 +380,62 @@ async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
 }
 
 #[tokio::test]
+async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
+    // Namespace a's mounts hang. Alone it may take six of eight slots (all but one share
+    // of two), then it is refused; namespace b still mounts at once, twice over.
+    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let gate = release.clone();
+    let service = tower::service_fn(move |req: MountRequest| {
+        let entered = entered_tx.clone();
+        let gate = gate.clone();
+        async move {
+            if req.pod.namespace.as_deref() == Some("a") {
+                let _ = entered.send(());
+                gate.notified().await;
+            }
+            Ok(one_file(&req))
+        }
+    });
+    let limits = MountLimits {
+        max_in_flight: 8,
+        max_in_flight_per_namespace: 2,
+        ..MountLimits::default()
+    };
+    let server = start(service, limits, Duration::from_secs(1));
+    let client = connect(&server.path).await;
+    let of =
+        |namespace: &str| driver_request(json!({ "csi.storage.k8s.io/pod.namespace": namespace }));
+    let held: Vec<_> = (0..6)
+        .map(|_| {
+            let (mut client, request) = (client.clone(), of("a"));
+            tokio::spawn(async move { client.mount(request).await })
+        })
+        .collect();
+    for _ in 0..6 {
+        entered_rx.recv().await.unwrap();
+    }
+    let status = client.clone().mount(of("a")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status
+            .message()
+            .contains("server.max_in_flight_per_namespace"),
+        "{}",
+        status.message()
+    );
+    assert!(status.message().contains("\"a\""), "{}", status.message());
+    for _ in 0..2 {
+        client.clone().mount(of("b")).await.unwrap();
+    }
+    release.notify_waiters();
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn service_account_tokens_reach_the_service_but_no_status_or_log() {
     let capture = LogCapture::default();
     let subscriber = tracing_subscriber::fmt()

@@ -210,8 +210,8 @@ async fn a_full_budget_refuses_certificate_fetches_as_it_refuses_secrets() {
 
 #[tokio::test]
 async fn one_namespace_cannot_take_the_whole_byte_budget() {
-    // Namespace app holds its share (a quarter of a budget of eight fetches) with mounts
-    // that hang; namespace other still mounts.
+    // Namespace app's mounts hang: alone, it may hold six of a budget of eight fetches
+    // (all but one share of two), then it is refused; namespace other still mounts.
     let reserve = 256 * 1024;
     let budget = ByteBudget::with_namespace_share(8 * reserve, 2 * reserve);
     let vault = Vault::default().with("slow", Behaviour::Hang);
@@ -220,10 +220,10 @@ async fn one_namespace_cannot_take_the_whole_byte_budget() {
         ..MountConfig::default()
     };
     let service = OciMount::new(Auth::default(), vault, config);
-    let stalled: Vec<_> = (0..2)
+    let stalled: Vec<_> = (0..6)
         .map(|_| tokio::spawn(service.clone().oneshot(request("- name: slow\n"))))
         .collect();
-    while budget.used_by("app") < 2 * reserve {
+    while budget.used_by("app") < 6 * reserve {
         tokio::task::yield_now().await;
     }
     let err = service
@@ -379,4 +379,99 @@ async fn an_auth_type_the_operator_switched_off_is_permission_denied_before_any_
     assert!(vault.requests.lock().unwrap().is_empty(), "nothing fetched");
     // An allowed type mounts.
     service.oneshot(request("- name: a\n")).await.unwrap();
+}
+
+/// Resolves the commercial and one government region.
+#[derive(Debug)]
+struct TwoRealms;
+
+impl oci_csi_provider::RegionResolver for TwoRealms {
+    fn resolve(&self, region: &str) -> Result<oci_csi_provider::ResolvedRegion, String> {
+        let (id, realm) = match region {
+            "iad" | "us-ashburn-1" => ("us-ashburn-1", "oraclecloud.com"),
+            "phx" | "us-phoenix-1" => ("us-phoenix-1", "oraclecloud.com"),
+            "us-langley-1" => ("us-langley-1", "oraclegovcloud.com"),
+            _ => return Err("not a region this provider knows".into()),
+        };
+        Ok(oci_csi_provider::ResolvedRegion {
+            region: id.into(),
+            realm: Some(realm.into()),
+            secrets_endpoint: format!("https://secrets.{id}"),
+            certificates_endpoint: format!("https://certificates.{id}"),
+        })
+    }
+}
+
+/// The workload identity of the pod, established in us-ashburn-1 (realm oc1).
+#[derive(Clone, Default)]
+struct InAshburn;
+
+impl tower::Service<auth::IdentityRequest> for InAshburn {
+    type Response = auth::Established;
+    type Error = auth::AuthError;
+    type Future = BoxFuture<'static, Result<auth::Established, auth::AuthError>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: auth::IdentityRequest) -> Self::Future {
+        Box::pin(async move {
+            Ok(auth::Established {
+                region: Some(auth::region::Regions::default().resolve("iad").unwrap()),
+                credential: auth::Credential::Workload {
+                    namespace: "app".into(),
+                    service_account: "web".into(),
+                    service_account_uid: None,
+                },
+                secrets_endpoint: "https://secrets.us-ashburn-1".into(),
+                certificates_endpoint: "https://certificates.us-ashburn-1".into(),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_list() {
+    let with_region = |region: &str| {
+        let mut mount = request("- name: a\n");
+        mount.attributes.insert("region".into(), region.into());
+        mount
+    };
+    let mount_service = |allowed_regions: Vec<String>| {
+        OciMount::new(
+            InAshburn,
+            Vault::default(),
+            MountConfig {
+                regions: Some(Arc::new(TwoRealms)),
+                allowed_regions,
+                ..MountConfig::default()
+            },
+        )
+    };
+    // Another realm than the principal's: refused before any call.
+    let err = mount_service(Vec::new())
+        .oneshot(with_region("us-langley-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.message().contains("realm oraclegovcloud.com"), "{err}");
+    // The same realm is fine without a list.
+    mount_service(Vec::new())
+        .oneshot(with_region("phx"))
+        .await
+        .unwrap();
+    // With a list, only its regions (by id or short code).
+    let listed = mount_service(vec!["iad".into()]);
+    let err = listed
+        .clone()
+        .oneshot(with_region("us-phoenix-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.message().contains("auth.allowed_regions"), "{err}");
+    listed.oneshot(with_region("us-ashburn-1")).await.unwrap();
 }
