@@ -190,18 +190,25 @@ def defaults_and_auth():
     token = (("serviceaccounts/token",), ("create",))
     secrets = (("secrets",), ("get",))
     cases = [
-        ("instance alone", auth(True, False, False), [], "false"),
-        ("user alone", auth(False, True, False), [secrets], "false"),
-        ("workload alone", auth(False, False, True), [token], "true"),
-        ("workload with driver tokens", auth(False, False, True, False), [], "false"),
+        ("instance alone", auth(True, False, False), [], "false", "[instance]"),
+        ("user alone", auth(False, True, False), [secrets], "false", "[user]"),
+        ("workload alone", auth(False, False, True), [token], "true", "[workload]"),
+        ("workload with driver tokens", auth(False, False, True, False), [], "false", "[workload]"),
+        ("workload and user", auth(False, True, True), [secrets, token], "true", "[user, workload]"),
     ]
-    for label, values, rules, token_request in cases:
+    check(env_of(provider_container(defaults)).get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == "[user, instance, workload]",
+          "defaults: every auth type allowed")
+    for label, values, rules, token_request, allowed in cases:
         docs = validated(values, label)
         check(rbac_rules(docs) == rules, f"{label}: RBAC rules {rbac_rules(docs)}, expected {rules}")
         env = env_of(provider_container(docs))
         check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == token_request, f"{label}: token_request {env}")
+        # A disabled type is switched off in the provider too, not only in RBAC.
+        check(env.get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == allowed, f"{label}: allowed_types {env}")
         check(("OCI_RESOURCE_PRINCIPAL_REGION" in env) == values["provider"]["oci"]["auth"]["types"]["workload"]["enabled"],
               f"{label}: OCI_RESOURCE_PRINCIPAL_* only with workload identity")
+    error = render_error(auth(False, False, False))
+    check(error is not None and "every auth type is disabled" in error, f"no auth type at all must fail: {error}")
     return defaults
 
 
@@ -303,6 +310,23 @@ def every_value():
           f"every value: the driver's CSIDriver {csidriver['spec']}")
 
 
+def network_policy():
+    docs = validated({"provider": {"networkPolicy": {"enabled": True}}}, "network policy")
+    policy = find(docs, "NetworkPolicy")
+    check(policy is not None, "networkPolicy.enabled renders a NetworkPolicy")
+    ingress = policy["spec"]["ingress"]
+    check(policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": PROVIDER}, f"network policy selector {policy}")
+    check(ingress[0]["ports"] == [{"port": 8098, "protocol": "TCP"}] and "from" not in ingress[0],
+          f"health port open to the kubelet by default: {ingress[0]}")
+    check(ingress[1]["ports"] == [{"port": 8198, "protocol": "TCP"}]
+          and ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+          f"metrics port only from the monitoring namespace by default: {ingress[1]}")
+    peers = [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]
+    docs = validated({"provider": {"networkPolicy": {"enabled": True, "metricsFrom": peers}}}, "network policy peers")
+    check(find(docs, "NetworkPolicy")["spec"]["ingress"][1]["from"] == peers, "networkPolicy.metricsFrom")
+    check(find(validated(None, "defaults"), "NetworkPolicy") is None, "no NetworkPolicy by default")
+
+
 def without_driver():
     docs = validated({"secrets-store-csi-driver": {"install": False}}, "without the driver")
     check(all(not p.startswith(f"{PROVIDER}/charts/") for p, _ in docs), "install: false still renders the driver")
@@ -380,6 +404,7 @@ def main():
     digest_pin()
     go = go_values()
     every_value()
+    network_policy()
     plain_docs = without_driver()
     refusals()
     dockerfile()

@@ -26,6 +26,49 @@ struct CheckArgs {
     /// `text` or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     output: String,
+    /// The provider's configuration file (its `--config`): classes are checked against
+    /// its limits (`server.max_secrets_per_mount`, `server.max_files_per_mount`) and what
+    /// its operator allows (`auth.allowed_types`, `auth.allowed_regions`).
+    #[arg(long)]
+    config: Option<String>,
+}
+
+/// What the provider's configuration allows, for the checks.
+struct Allowed {
+    limits: provider::ParseLimits,
+    types: Vec<provider::AuthType>,
+    regions: Vec<String>,
+}
+
+impl Allowed {
+    fn load(config: Option<&str>) -> Result<Self, String> {
+        let Some(path) = config else {
+            let defaults = crate::config::Config::default();
+            return Ok(Self::from(&defaults));
+        };
+        let args = [
+            "provider".to_owned(),
+            "--config".to_owned(),
+            path.to_owned(),
+        ];
+        let flags = crate::flags::Flags::parse_from_args(&args).map_err(|e| e.to_string())?;
+        crate::config::Config::load(&flags, &std::collections::BTreeMap::new())
+            .map(|c| Self::from(&c))
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl From<&crate::config::Config> for Allowed {
+    fn from(c: &crate::config::Config) -> Self {
+        Self {
+            limits: provider::ParseLimits {
+                max_secrets: c.server.max_secrets_per_mount,
+                max_files: c.server.max_files_per_mount,
+            },
+            types: c.auth.allowed_types.clone(),
+            regions: c.auth.allowed_regions.clone(),
+        }
+    }
 }
 
 /// One SecretProviderClass checked.
@@ -48,6 +91,13 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
             return ExitCode::from(code);
         }
     };
+    let allowed = match Allowed::load(args.config.as_deref()) {
+        Ok(allowed) => allowed,
+        Err(err) => {
+            eprintln!("cannot read the provider's configuration: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let mut reports = Vec::new();
     for file in &args.files {
         let text = if file == "-" {
@@ -63,7 +113,7 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
                 return ExitCode::from(2);
             }
         };
-        reports.extend(check_text(file, &text, &args));
+        reports.extend(check_text(file, &text, &args, &allowed));
     }
     let valid = reports.iter().all(|r| r.errors.is_empty());
     let written = if args.output == "json" {
@@ -145,7 +195,7 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
     Ok(())
 }
 
-fn check_text(source: &str, text: &str, args: &CheckArgs) -> Vec<Report> {
+fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> Vec<Report> {
     let report = |name: &str, namespace: &str, error: String| Report {
         source: source.to_owned(),
         name: name.to_owned(),
@@ -180,11 +230,11 @@ fn check_text(source: &str, text: &str, args: &CheckArgs) -> Vec<Report> {
     }
     objects
         .iter()
-        .map(|object| check_object(source, object, args))
+        .map(|object| check_object(source, object, args, allowed))
         .collect()
 }
 
-fn check_object(source: &str, object: &Value, args: &CheckArgs) -> Report {
+fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowed) -> Report {
     let metadata = &object["metadata"];
     let name = metadata["name"].as_str().unwrap_or("(no name)").to_owned();
     let namespace = args
@@ -236,8 +286,31 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs) -> Report {
     };
     // The class as Mount parses it (first error), then each entry alone, so that every
     // entry's error is reported, not only the first.
-    match MountParameters::parse(&attributes, &pod) {
+    match MountParameters::parse_within(&attributes, &pod, allowed.limits) {
         Ok(params) => {
+            let auth_type = params.auth.auth_type();
+            if !allowed.types.contains(&auth_type) {
+                let types: Vec<&str> = allowed.types.iter().map(|t| t.as_str()).collect();
+                r.errors.push(format!(
+                    "authType \"{auth_type}\" is not allowed by the provider's auth.allowed_types [{}]",
+                    types.join(", ")
+                ));
+            }
+            for (key, region) in [
+                ("region", &params.region),
+                ("failoverRegion", &params.failover_region),
+            ] {
+                if let Some(region) = region
+                    && !allowed.regions.is_empty()
+                    && !allowed.regions.contains(region)
+                {
+                    r.errors.push(format!(
+                        "parameter {key:?} {region:?} is not among the provider's \
+                         auth.allowed_regions ({})",
+                        allowed.regions.join(", ")
+                    ));
+                }
+            }
             // In the list's order, secrets and certificates alike.
             let mut files: Vec<(usize, Vec<Value>)> = params
                 .secrets

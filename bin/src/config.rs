@@ -739,6 +739,39 @@ mod tests {
     /// The provider container's args and env as the chart renders them (with its defaults
     /// and with the Go chart's default values file), kept in sync by `deploy/check.py`.
     #[test]
+    fn allowed_types_and_the_namespace_shares_come_from_the_environment() {
+        let vars: BTreeMap<String, String> = [
+            ("OCI_PROVIDER_AUTH__ALLOWED_TYPES", "[workload, user]"),
+            ("OCI_PROVIDER_AUTH__ALLOWED_REGIONS", "[iad, us-phoenix-1]"),
+            ("OCI_PROVIDER_SERVER__MAX_FILES_PER_MOUNT", "64"),
+            ("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_PER_NAMESPACE", "8"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let flags = Flags::parse_from_args(&["provider".to_owned()]).unwrap();
+        let config = Config::load(&flags, &vars).unwrap();
+        assert_eq!(
+            config.auth.allowed_types,
+            [provider::AuthType::Workload, provider::AuthType::User]
+        );
+        assert_eq!(config.auth.allowed_regions, ["iad", "us-phoenix-1"]);
+        assert_eq!(config.server.max_files_per_mount, 64);
+        assert_eq!(config.server.namespace_mounts(), 8);
+        // Defaults: a quarter of the slots and of the bytes.
+        let config = Config::load(&flags, &BTreeMap::new()).unwrap();
+        assert_eq!(config.server.namespace_mounts(), 16);
+        assert_eq!(config.server.namespace_bytes(256 * 1024), 8 << 20);
+        let vars: BTreeMap<String, String> = [(
+            "OCI_PROVIDER_AUTH__ALLOWED_TYPES".to_owned(),
+            "[kerberos]".to_owned(),
+        )]
+        .into();
+        let error = Config::load(&flags, &vars).unwrap_err().to_string();
+        assert!(error.contains("allowed_types"), "{error}");
+    }
+
+    #[test]
     fn the_charts_rendered_args_and_env_mean_what_the_values_say() {
         let rendered: serde_json::Value =
             serde_json::from_str(include_str!("../../deploy/tests/rendered-args.json")).unwrap();
@@ -780,6 +813,11 @@ mod tests {
             assert_eq!(config.server.pprof_port, 6060);
             assert_eq!(config.region.as_deref(), Some("us-ashburn-1"), "{label}");
             assert!(config.auth.token_request, "{label}");
+            assert_eq!(
+                config.auth.allowed_types,
+                provider::AuthType::ALL,
+                "{label}: the three enabled values"
+            );
         }
         // Our chart's budget, and the Go values' 100Mi limit lowering it to fit.
         assert_eq!(load("defaults").server.max_in_flight_bytes, 32 << 20);

@@ -103,3 +103,25 @@ fn certificate_entries_show_their_files_and_their_errors() {
     assert_eq!(code, 1, "{out}");
     assert_eq!(out, golden("certificates.txt"));
 }
+
+#[test]
+fn with_the_providers_config_a_switched_off_auth_type_and_an_unlisted_region_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("provider.toml");
+    std::fs::write(
+        &config,
+        "[auth]\nallowed_types = [\"workload\"]\nallowed_regions = [\"iad\"]\n",
+    )
+    .unwrap();
+    let class = "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\n\
+                 metadata: {name: node, namespace: app}\nspec:\n  provider: oci\n  parameters:\n\
+                 \x20   authType: instance\n    region: phx\n    vaultId: ocid1.vault.oc1..v\n\
+                 \x20   secrets: |\n      - name: db\n";
+    let (code, out, _) = check(&["-"], Some(class));
+    assert_eq!(code, 0, "valid without the provider's config: {out}");
+    let config = config.to_str().unwrap();
+    let (code, out, _) = check(&["--config", config, "-"], Some(class));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("auth.allowed_types [workload]"), "{out}");
+    assert!(out.contains("auth.allowed_regions (iad)"), "{out}");
+}

@@ -299,6 +299,9 @@ async fn a_storm_of_2000_workload_mounts_stays_within_the_connection_bound() {
         &["--log-level=warn"],
         &[
             ("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "6"),
+            // One namespace drives all 64 slots here: this test is about connections, and
+            // the namespace share would refuse (and the driver retry) the last 16.
+            ("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_PER_NAMESPACE", "64"),
             NO_CACHE,
         ],
     )
@@ -556,7 +559,7 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
             NAMESPACE,
             "sa-1",
             Duration::from_secs(3600),
-            Some(("pod-9", "uid-9")),
+            Some(("pod-9", "00000000-0000-0000-0000-000000000009")),
         )
         .unwrap();
     let tokens =

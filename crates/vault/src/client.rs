@@ -678,6 +678,63 @@ mod tests {
         }
     }
 
+    /// Records what a caller's backoff hook was told, and refuses the second resumption.
+    struct Recorder {
+        events: std::sync::Mutex<Vec<&'static str>>,
+        resumptions_allowed: std::sync::atomic::AtomicUsize,
+    }
+
+    impl crate::Backoff for Recorder {
+        fn pausing(&self) {
+            self.events.lock().unwrap().push("pausing");
+        }
+        fn resuming(&self) -> bool {
+            self.events.lock().unwrap().push("resuming");
+            self.resumptions_allowed
+                .fetch_update(
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_caller_is_told_of_each_backoff_and_may_stop_the_retries() {
+        // Two retryable failures; the hook lets the fetch resume once, then refuses.
+        let script = Script::new(vec![
+            oci(503, "ServiceUnavailable"),
+            oci(503, "ServiceUnavailable"),
+        ]);
+        let client = script.client(no_jitter());
+        let recorder = Arc::new(Recorder {
+            events: std::sync::Mutex::new(Vec::new()),
+            resumptions_allowed: std::sync::atomic::AtomicUsize::new(1),
+        });
+        let err = crate::with_backoff(
+            recorder.clone(),
+            client.oneshot(request(Duration::from_secs(60))),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            *recorder.events.lock().unwrap(),
+            ["pausing", "resuming", "pausing", "resuming"]
+        );
+        assert!(matches!(err, VaultError::BudgetFull { .. }), "{err}");
+        assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+        assert!(
+            err.to_string().contains("server.max_in_flight_bytes"),
+            "{err}"
+        );
+        assert_eq!(
+            script.times().len(),
+            2,
+            "no third attempt without the bytes"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn retries_with_exponential_backoff_then_succeeds() {
         let script = Script::new(vec![

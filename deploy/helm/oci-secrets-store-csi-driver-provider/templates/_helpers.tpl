@@ -81,3 +81,17 @@ fits instead of an OOM kill. Fails when not even 1 MiB fits.
 {{- min $want $room -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The authTypes a SecretProviderClass may use, from the three `enabled` values, as the
+provider's `[auth] allowed_types` reads it from the environment: "[workload, user]". */}}
+{{- define "oci-provider.allowedTypes" -}}
+{{- $types := .Values.provider.oci.auth.types -}}
+{{- $allowed := list -}}
+{{- range $name := list "user" "instance" "workload" -}}
+{{- if (index $types $name).enabled -}}{{- $allowed = append $allowed $name -}}{{- end -}}
+{{- end -}}
+{{- if not $allowed -}}
+{{- fail "provider.oci.auth.types: every auth type is disabled; enable at least one of instance, user, workload" -}}
+{{- end -}}
+[{{ join ", " $allowed }}]
+{{- end -}}
