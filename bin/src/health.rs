@@ -12,7 +12,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -25,8 +25,8 @@ use crate::metrics::Metrics;
 pub(crate) enum Routes {
     /// `/health` and `/healthz` (alive), `/readyz` (`Version` answers on the socket).
     Health(Arc<crate::ready::Readiness>),
-    /// `/metrics`.
-    Metrics(Arc<Metrics>),
+    /// `/metrics`, rendered at most once a second.
+    Metrics(Arc<Metrics>, Arc<MetricsRender>),
     /// `/debug/pprof/*` and `/debug/stats` (`--enable-pprof`).
     Debug(Arc<crate::debug::Debug>),
 }
@@ -36,7 +36,7 @@ impl Routes {
     fn answer_timeout(&self) -> Duration {
         match self {
             Routes::Debug(debug) => debug.answer_timeout(),
-            Routes::Health(_) | Routes::Metrics(_) => ANSWER_TIMEOUT,
+            Routes::Health(_) | Routes::Metrics(..) => ANSWER_TIMEOUT,
         }
     }
 }
@@ -65,39 +65,74 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request body accepted; these servers only answer GET.
 const MAX_BODY_BYTES: usize = 1024;
 
-/// Open connections, in all and per source address.
+/// Open connections, in all and per source address, each with a way to close it.
 #[derive(Debug, Default)]
 struct Connections {
     total: usize,
-    per_address: HashMap<IpAddr, usize>,
+    next_id: u64,
+    per_address: HashMap<IpAddr, Vec<(u64, oneshot::Sender<()>)>>,
 }
 
-/// One admitted connection; counted until dropped.
+/// One admitted connection; counted until dropped or evicted.
 struct Admitted {
     table: Arc<Mutex<Connections>>,
     address: IpAddr,
+    id: u64,
 }
 
+/// Admits a connection from `address` within the caps. When all `max_connections` are
+/// taken, an address holding fewer than the heaviest one still gets in: the heaviest
+/// address's newest connection is closed for it. So neighbours that each hold their
+/// per-address maximum (and keep them busy) can fill the server, but never keep out the
+/// kubelet's probe or Prometheus, which hold one or two.
 fn admit(
     table: &Arc<Mutex<Connections>>,
     address: IpAddr,
     limits: &HttpLimits,
-) -> Option<Admitted> {
+) -> Option<(Admitted, oneshot::Receiver<()>)> {
     let mut connections = table
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let from_address = connections.per_address.get(&address).copied().unwrap_or(0);
-    if connections.total >= limits.max_connections
-        || from_address >= limits.max_connections_per_address
-    {
+    let from_address = connections.per_address.get(&address).map_or(0, Vec::len);
+    if from_address >= limits.max_connections_per_address {
         return None;
     }
+    if connections.total >= limits.max_connections {
+        let heaviest = connections
+            .per_address
+            .iter()
+            .max_by_key(|(_, held)| held.len())
+            .map(|(a, held)| (*a, held.len()))?;
+        if heaviest.1 <= from_address + 1 {
+            return None;
+        }
+        let held = connections.per_address.get_mut(&heaviest.0)?;
+        let (_, evict) = held.pop()?;
+        let _ = evict.send(());
+        connections.total -= 1;
+        tracing::debug!(
+            evicted = %heaviest.0,
+            admitted = %address,
+            "health server full: closed the newest connection of the busiest address"
+        );
+    }
+    let id = connections.next_id;
+    connections.next_id += 1;
+    let (evict, evicted) = oneshot::channel();
     connections.total += 1;
-    connections.per_address.insert(address, from_address + 1);
-    Some(Admitted {
-        table: table.clone(),
-        address,
-    })
+    connections
+        .per_address
+        .entry(address)
+        .or_default()
+        .push((id, evict));
+    Some((
+        Admitted {
+            table: table.clone(),
+            address,
+            id,
+        },
+        evicted,
+    ))
 }
 
 impl Drop for Admitted {
@@ -106,13 +141,105 @@ impl Drop for Admitted {
             .table
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        connections.total = connections.total.saturating_sub(1);
-        if let Some(count) = connections.per_address.get_mut(&self.address) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                connections.per_address.remove(&self.address);
-            }
+        let Some(held) = connections.per_address.get_mut(&self.address) else {
+            return;
+        };
+        // An evicted connection was uncounted when it was evicted.
+        let before = held.len();
+        held.retain(|(id, _)| *id != self.id);
+        let removed = before - held.len();
+        if held.is_empty() {
+            connections.per_address.remove(&self.address);
         }
+        connections.total = connections.total.saturating_sub(removed);
+    }
+}
+
+/// `/metrics` rendered at most once per `RENDER_EVERY`: scrapes within it share the last
+/// rendering, so a neighbour scraping in a loop costs one encoding a second, not one per
+/// request (Prometheus scrapes every 15 s or more and never sees the difference).
+#[derive(Debug, Default)]
+pub(crate) struct MetricsRender {
+    last: Mutex<Option<(tokio::time::Instant, Bytes)>>,
+    renders: std::sync::atomic::AtomicU64,
+}
+
+/// How long a rendering of `/metrics` is served again.
+const RENDER_EVERY: Duration = Duration::from_secs(1);
+
+impl MetricsRender {
+    fn get(&self, render: impl FnOnce() -> String) -> Bytes {
+        self.get_at(tokio::time::Instant::now(), render)
+    }
+
+    fn get_at(&self, now: tokio::time::Instant, render: impl FnOnce() -> String) -> Bytes {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, body)) = &*last
+            && now.duration_since(*at) < RENDER_EVERY
+        {
+            return body.clone();
+        }
+        let body = Bytes::from(render());
+        self.renders
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *last = Some((now, body.clone()));
+        body
+    }
+
+    /// Renderings made so far.
+    #[cfg(test)]
+    pub(crate) fn renders(&self) -> u64 {
+        self.renders.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_rendered_at_most_once_a_second_however_often_scraped() {
+        let render = MetricsRender::default();
+        let start = tokio::time::Instant::now();
+        for i in 0..1000 {
+            let at = start + RENDER_EVERY * i / 1000;
+            assert_eq!(render.get_at(at, || "a".into()), "a");
+        }
+        assert_eq!(render.renders(), 1);
+        assert_eq!(render.get_at(start + RENDER_EVERY, || "b".into()), "b");
+        assert_eq!(render.renders(), 2);
+    }
+
+    #[test]
+    fn a_full_server_still_admits_an_address_lighter_than_the_busiest() {
+        let table = Arc::new(Mutex::new(Connections::default()));
+        let limits = HttpLimits {
+            max_connections: 4,
+            max_connections_per_address: 2,
+            header_read_timeout: Duration::from_secs(5),
+        };
+        let neighbour = |i: u8| IpAddr::from([127, 0, 0, i]);
+        let mut held = Vec::new();
+        for i in [2, 2, 3, 3] {
+            held.push(admit(&table, neighbour(i), &limits).unwrap());
+        }
+        // Full. A third from 127.0.0.2 is over its own cap; the kubelet, holding none, gets
+        // in by evicting one connection of a busiest address (two connections).
+        assert!(admit(&table, neighbour(2), &limits).is_none());
+        let (kubelet, _) = admit(&table, neighbour(1), &limits).unwrap();
+        let evicted = held
+            .iter_mut()
+            .filter_map(|(_, evicted)| evicted.try_recv().ok())
+            .count();
+        assert_eq!(evicted, 1, "one connection of a busiest address was closed");
+        assert_eq!(table.lock().unwrap().total, 4, "the bound holds");
+        // Two addresses of one connection each, and one of two: a second from the kubelet
+        // would not be lighter than the busiest after it, so it is refused.
+        assert!(admit(&table, neighbour(1), &limits).is_none());
+        drop(kubelet);
+        drop(held);
+        assert_eq!(table.lock().unwrap().total, 0);
+        assert!(table.lock().unwrap().per_address.is_empty());
     }
 }
 
@@ -126,11 +253,13 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
         (Routes::Health(_), _, "/health" | "/healthz") => {
             (StatusCode::OK, "text/plain", "ok\n".to_owned())
         }
-        (Routes::Metrics(metrics), _, "/metrics") => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
+        (Routes::Metrics(metrics, render), _, "/metrics") => {
+            return respond(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                render.get(|| metrics.encode()),
+            );
+        }
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -189,7 +318,7 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let Some(admitted) = admit(&table, peer.ip(), &limits) else {
+        let Some((admitted, evicted)) = admit(&table, peer.ip(), &limits) else {
             tracing::debug!(peer = %peer.ip(), "health server connection over the limits; closed");
             drop(stream);
             continue;
@@ -245,6 +374,7 @@ pub(crate) async fn serve(
                 .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
             tokio::select! {
                 _ = connection => {}
+                _ = evicted => {}
                 _ = stop.wait_for(|stop| *stop) => {}
             }
         });

@@ -448,3 +448,78 @@ async fn a_neighbour_holding_a_thousand_connections_cannot_starve_the_health_che
     drop(held);
     assert!(provider.terminate().await.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_busy_neighbours_cannot_lock_the_kubelet_out_of_the_health_checks() {
+    // 64 neighbour addresses (127.0.0.2 to .65; all of 127/8 is loopback) each hold their
+    // per-address maximum of 8 connections on both ports and keep them busy: 512 against
+    // a cap of 256 per server. The kubelet's probes and a scrape from 127.0.0.1 still
+    // answer, and the server never holds more than its cap.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let provider = Provider::start(&[], &[]).await;
+    let baseline = provider.open_fds();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let mut neighbours = Vec::new();
+    for port in [provider.healthz_port, provider.metrics_port] {
+        let path = if port == provider.healthz_port {
+            "/healthz"
+        } else {
+            "/metrics"
+        };
+        for address in 2..=65u8 {
+            for _ in 0..8 {
+                let stop = stop.clone();
+                neighbours.push(tokio::spawn(async move {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind(([127, 0, 0, address], 0).into()).unwrap();
+                    let Ok(mut stream) = socket.connect(([127, 0, 0, 1], port).into()).await else {
+                        return;
+                    };
+                    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while !stop.load(Ordering::Relaxed) {
+                        if stream.write_all(request.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+                            .await
+                        {
+                            Ok(Ok(n)) if n > 0 => {}
+                            _ => return,
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    // Wait until the neighbours fill both servers (256 connections each), so the probes
+    // below meet full servers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while provider.open_fds() < baseline + 2 * 256 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the neighbours filled the servers: {} fds, baseline {baseline}",
+            provider.open_fds()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..5 {
+        let (status, body) = http_get(provider.healthz_port, "/healthz").await;
+        assert_eq!((status, body.as_str()), (200, "ok\n"));
+        assert_eq!(http_get(provider.healthz_port, "/readyz").await.0, 200);
+        assert_eq!(http_get(provider.metrics_port, "/metrics").await.0, 200);
+    }
+    // Two servers of at most 256 connections each (and the probe's own).
+    assert!(
+        provider.open_fds() <= baseline + 2 * 256 + 4,
+        "{} fds open, baseline {baseline}",
+        provider.open_fds()
+    );
+    stop.store(true, Ordering::Relaxed);
+    for neighbour in neighbours {
+        let _ = neighbour.await;
+    }
+    assert!(provider.terminate().await.status.success());
+}

@@ -40,6 +40,15 @@ pub enum RewriteError {
         /// The stream whose header block is unfinished.
         expected: u32,
     },
+    /// More CONTINUATION frames in one header block than any real client sends (empty ones
+    /// cost nothing to send and grow no buffer: the CONTINUATION flood).
+    #[error("header block of stream {stream} has more than {max} CONTINUATION frames")]
+    TooManyContinuations {
+        /// The stream.
+        stream: u32,
+        /// The limit.
+        max: usize,
+    },
     /// A CONTINUATION frame without a header block in progress.
     #[error("CONTINUATION frame on stream {stream} without a header block in progress")]
     UnexpectedContinuation {
@@ -111,7 +120,13 @@ struct Block {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragment: BytesMut,
+    /// CONTINUATION frames so far.
+    continuations: usize,
 }
+
+/// Most CONTINUATION frames one header block may have: a block is at most the header list
+/// limit + 1 KiB, which at the smallest frame size (16 KiB) is a handful of frames.
+pub(crate) const MAX_CONTINUATIONS: usize = 32;
 
 /// The limits in force for client frames: the protocol's defaults, then the server's
 /// SETTINGS once the client has acknowledged them.
@@ -375,14 +390,22 @@ impl Reader {
                 end_stream: head.flags & END_STREAM != 0,
                 priority,
                 fragment: BytesMut::new(),
+                continuations: 0,
             });
             &rest[..end]
         } else {
-            let Some(block) = &self.block else {
+            let Some(block) = &mut self.block else {
                 return Err(RewriteError::UnexpectedContinuation {
                     stream: head.stream,
                 });
             };
+            block.continuations += 1;
+            if block.continuations > MAX_CONTINUATIONS {
+                return Err(RewriteError::TooManyContinuations {
+                    stream: block.stream,
+                    max: MAX_CONTINUATIONS,
+                });
+            }
             if block.stream != head.stream {
                 return Err(RewriteError::ContinuationExpected {
                     kind: "CONTINUATION",

@@ -260,20 +260,22 @@ async fn other_frames_pass_byte_for_byte() {
 async fn a_long_block_is_split_again_at_the_servers_frame_size() {
     // 12 KiB of a custom field: one 16 KiB frame from the client, and after the server
     // lowers nothing (16 KiB is the minimum), the rewritten block still fits; with a
-    // client that sends 1-byte CONTINUATION frames the adapter still sends few frames.
+    // client that sends 1 KiB CONTINUATION frames the adapter still sends few frames (one
+    // byte a frame would be a CONTINUATION flood, refused past 32 frames).
     let mut block = Vec::new();
     hpack::request_start(&mut block, PATH);
     hpack::literal(&mut block, b":authority", SOCKET_PATH);
     hpack::literal(&mut block, b"x-large", &[b'a'; 15_000]);
     hpack::grpc_tail(&mut block);
     let mut frames = vec![frame(HEADERS, 0, 1, &block[..1])];
-    for (i, byte) in block[1..].iter().enumerate() {
-        let last = i == block.len() - 2;
+    let chunks: Vec<&[u8]> = block[1..].chunks(1024).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let last = i == chunks.len() - 1;
         frames.push(frame(
             CONTINUATION,
             if last { END_HEADERS } else { 0 },
             1,
-            &[*byte],
+            chunk,
         ));
     }
     let out = Pipe::new().through(&connection(&frames)).await.unwrap();
@@ -399,6 +401,28 @@ async fn an_oversized_header_block_is_refused_before_it_is_buffered_whole() {
             stream: 1,
             limit: 16 * 1024 + 1024
         }
+    );
+}
+
+#[tokio::test]
+async fn a_flood_of_empty_continuation_frames_is_refused() {
+    // Empty CONTINUATION frames grow no buffer, so the size limit never stops them: the
+    // number of frames per block is capped, and the block up to it is still accepted.
+    let block = request(Some(SOCKET_PATH));
+    let mut frames = vec![frame(HEADERS, 0, 1, &block)];
+    for _ in 0..31 {
+        frames.push(frame(CONTINUATION, 0, 1, &[]));
+    }
+    frames.push(frame(CONTINUATION, END_HEADERS, 1, &[]));
+    assert_eq!(rewritten(&frames).await, vec![(1, expected_request())]);
+    let mut frames = vec![frame(HEADERS, 0, 1, &block)];
+    for _ in 0..10_000 {
+        frames.push(frame(CONTINUATION, 0, 1, &[]));
+    }
+    let err = failure(Pipe::new(), &frames).await;
+    assert_eq!(
+        err,
+        RewriteError::TooManyContinuations { stream: 1, max: 32 }
     );
 }
 
