@@ -50,6 +50,11 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     /// The CA bundle trusted (alone) for an `https://` collector; default: the OCI trust.
     pub otlp_ca_file: Option<std::path::PathBuf>,
+    /// Label `oci_provider_certificate_not_after_seconds` by certificate OCID too. Off by
+    /// default: `/metrics` is readable by whoever reaches the port, and tenants' OCIDs
+    /// name their tenancy's compartments; the default gauge is the soonest `notAfter` per
+    /// namespace.
+    pub certificate_ids_in_metrics: bool,
 }
 
 /// The secret-bundle cache: what mounts of one secret, version and credential share.

@@ -34,10 +34,11 @@ pub struct Flags {
     /// Port of /metrics [server.metrics_port].
     #[arg(long, value_name = "PORT", value_parser = go_port)]
     pub metrics_port: Option<u16>,
-    /// Accepted for compatibility; profiling is not supported [server.enable_pprof].
+    /// Serve CPU (and, with the jemalloc build, heap) profiles and /debug/stats on the
+    /// loopback-only debug server (--pprof-port); off by default [server.enable_pprof].
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub enable_pprof: Option<bool>,
-    /// Accepted for compatibility [server.pprof_port].
+    /// Port of the debug server (--enable-pprof) [server.pprof_port].
     #[arg(long, value_name = "PORT", value_parser = go_port)]
     pub pprof_port: Option<u16>,
     /// Log format: text or json [log.format].
@@ -263,6 +264,18 @@ fn normalize(args: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_help_says_what_profiling_does() {
+        let help = <Flags as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("CPU (and, with the jemalloc build, heap) profiles"),
+            "{help}"
+        );
+        assert!(!help.contains("not supported"), "{help}");
+    }
 
     fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
         let mut all = vec!["provider".to_owned()];

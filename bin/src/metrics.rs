@@ -17,7 +17,13 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CertificateLabel {
+    namespace: String,
     certificate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabel {
+    namespace: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -176,6 +182,8 @@ pub(crate) struct CacheSources {
     pub(crate) served: std::sync::Arc<provider::RegionStats>,
     /// The `notAfter` of the certificates mounted lately.
     pub(crate) certificate_expiry: std::sync::Arc<provider::CertificateExpiry>,
+    /// Whether the expiry gauge names certificate OCIDs (`telemetry.certificate_ids_in_metrics`).
+    pub(crate) certificate_ids: bool,
     /// Upstream exchange durations.
     pub(crate) timings: std::sync::Arc<UpstreamTimings>,
     /// The Secrets client's retries by reason.
@@ -295,7 +303,7 @@ impl Collector for CacheSources {
         let mut all = vec![("bundle", self.bundles.stats())];
         all.extend(self.principals.cache_stats());
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let counters: [(&str, &str, CacheCounter); 3] = [
+        let counters: [(&str, &str, CacheCounter); 4] = [
             ("cache_hits", "Answers from the cache, by kind", |s| s.hits),
             (
                 "cache_misses",
@@ -306,6 +314,12 @@ impl Collector for CacheSources {
                 "cache_joined",
                 "Callers that waited for another caller's fetch of the same key, by kind",
                 |s| s.joined,
+            ),
+            (
+                "cache_unusable",
+                "Callers that gave up after the fetches they joined kept bringing values they \
+                 cannot use (another caller's), by kind: they got an error, never the value",
+                |s| s.unusable,
             ),
         ];
         for (name, help, read) in counters {
@@ -396,14 +410,26 @@ impl Collector for CacheSources {
         {
             let mut family = encoder.encode_descriptor(
                 "certificate_not_after_seconds",
-                "notAfter (Unix seconds) of each certificate, CA or CA bundle mounted in the last \
-                 24 hours, by OCID: alert before it passes",
+                "The soonest notAfter (Unix seconds) of the certificates, CAs and CA bundles each \
+                 namespace mounted in the last 24 hours (by OCID too with \
+                 telemetry.certificate_ids_in_metrics): alert before it passes",
                 None,
                 MetricType::Gauge,
             )?;
-            for (certificate, not_after) in self.certificate_expiry.snapshot() {
-                ConstGauge::new(not_after)
-                    .encode(family.encode_family(&CertificateLabel { certificate })?)?;
+            if self.certificate_ids {
+                for (namespace, certificate, not_after) in self.certificate_expiry.entries() {
+                    ConstGauge::new(not_after).encode(family.encode_family(
+                        &CertificateLabel {
+                            namespace,
+                            certificate,
+                        },
+                    )?)?;
+                }
+            } else {
+                for (namespace, not_after) in self.certificate_expiry.soonest_by_namespace() {
+                    ConstGauge::new(not_after)
+                        .encode(family.encode_family(&NamespaceLabel { namespace })?)?;
+                }
             }
         }
         let gauges: [(&str, &str, CacheCounter); 3] = [

@@ -323,6 +323,7 @@ pub(crate) fn build(
         principals: principals_for_metrics,
         served,
         certificate_expiry,
+        certificate_ids: config.telemetry.certificate_ids_in_metrics,
         timings,
         retries,
         otlp: traces.client.clone(),

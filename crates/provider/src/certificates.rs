@@ -80,10 +80,13 @@ impl Service<vault::CertificateRequest> for NoCertificates {
 /// and to `max` entries.
 #[derive(Debug)]
 pub struct CertificateExpiry {
-    seen: Mutex<HashMap<String, (i64, tokio::time::Instant)>>,
+    /// OCID → (namespace that mounted it last, notAfter, when).
+    seen: Mutex<HashMap<String, Seen>>,
     keep: Duration,
     max: usize,
 }
+
+type Seen = (String, i64, tokio::time::Instant);
 
 impl Default for CertificateExpiry {
     fn default() -> Self {
@@ -102,38 +105,63 @@ impl CertificateExpiry {
     }
 
     /// The entries, those not mounted within `keep` dropped.
-    fn fresh(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, tokio::time::Instant)>> {
+    fn fresh(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         let now = tokio::time::Instant::now();
         let mut seen = self
             .seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.retain(|_, (_, at)| now.duration_since(*at) < self.keep);
+        seen.retain(|_, (_, _, at)| now.duration_since(*at) < self.keep);
         seen
     }
 
-    fn record(&self, id: &str, not_after: i64) {
+    fn record(&self, namespace: &str, id: &str, not_after: i64) {
         let now = tokio::time::Instant::now();
         let mut seen = self.fresh();
         if !seen.contains_key(id) && seen.len() >= self.max {
             // The least recently mounted makes room.
             if let Some(oldest) = seen
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
+                .min_by_key(|(_, (_, _, at))| *at)
                 .map(|(k, _)| k.clone())
             {
                 seen.remove(&oldest);
             }
         }
-        seen.insert(id.to_owned(), (not_after, now));
+        seen.insert(id.to_owned(), (namespace.to_owned(), not_after, now));
     }
 
     /// (certificate OCID, `notAfter` in Unix seconds) of the certificates mounted lately.
     pub fn snapshot(&self) -> Vec<(String, i64)> {
         let seen = self.fresh();
-        let mut out: Vec<(String, i64)> = seen.iter().map(|(k, (t, _))| (k.clone(), *t)).collect();
+        let mut out: Vec<(String, i64)> =
+            seen.iter().map(|(k, (_, t, _))| (k.clone(), *t)).collect();
         out.sort();
         out
+    }
+
+    /// (namespace, certificate OCID, `notAfter`) of the certificates mounted lately.
+    pub fn entries(&self) -> Vec<(String, String, i64)> {
+        let seen = self.fresh();
+        let mut out: Vec<(String, String, i64)> = seen
+            .iter()
+            .map(|(id, (namespace, t, _))| (namespace.clone(), id.clone(), *t))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// (namespace, the soonest `notAfter` of the certificates it mounted lately): what the
+    /// gauge publishes by default, so that `/metrics`, which any pod that reaches the port
+    /// can read, does not list tenants' certificate OCIDs.
+    pub fn soonest_by_namespace(&self) -> Vec<(String, i64)> {
+        let seen = self.fresh();
+        let mut soonest: std::collections::BTreeMap<String, i64> = Default::default();
+        for (namespace, not_after, _) in seen.values() {
+            let entry = soonest.entry(namespace.clone()).or_insert(*not_after);
+            *entry = (*entry).min(*not_after);
+        }
+        soonest.into_iter().collect()
     }
 }
 
@@ -215,6 +243,7 @@ pub(crate) fn files(
     key: Option<&auth::CertificateKey>,
     mode: csi_grpc::FileMode,
     expiry: &CertificateExpiry,
+    namespace: &str,
 ) -> Result<(Vec<File>, ObjectVersion), MountError> {
     let index = spec.index;
     let what = format!("secrets[{index}] {} {}", spec.kind.field(), spec.id);
@@ -243,7 +272,7 @@ pub(crate) fn files(
             let tls =
                 vault::TlsFiles::new(&bundle.certificate_pem, bundle.chain_pem.as_deref(), key)
                     .map_err(invalid)?;
-            expiry.record(&spec.id, tls.not_after_unix());
+            expiry.record(namespace, &spec.id, tls.not_after_unix());
             let mut files = vec![file(cert_path, tls.tls_crt.into_bytes())];
             if !tls.ca_crt.is_empty() {
                 files.push(file(&spec.chain_path, tls.ca_crt.into_bytes()));
@@ -264,7 +293,7 @@ pub(crate) fn files(
                 _ => "certificatePem",
             };
             let (ca_crt, not_after) = vault::TlsFiles::ca_only(&pem, what_pem).map_err(invalid)?;
-            expiry.record(&spec.id, vault::unix(not_after));
+            expiry.record(namespace, &spec.id, vault::unix(not_after));
             vec![file(&spec.chain_path, ca_crt.into_bytes())]
         }
     };
@@ -292,18 +321,29 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_expiry_gauge_keeps_recent_certificates_only_and_at_most_max() {
         let expiry = CertificateExpiry::new(Duration::from_secs(60), 2);
-        expiry.record("a", 1);
+        expiry.record("x", "a", 1);
         tokio::time::advance(Duration::from_secs(10)).await;
-        expiry.record("b", 2);
+        expiry.record("x", "b", 2);
         tokio::time::advance(Duration::from_secs(10)).await;
-        expiry.record("c", 3);
+        expiry.record("y", "c", 3);
         assert_eq!(
             expiry.snapshot(),
             [("b".to_owned(), 2), ("c".to_owned(), 3)],
             "the least recently mounted made room"
         );
+        assert_eq!(
+            expiry.soonest_by_namespace(),
+            [("x".to_owned(), 2), ("y".to_owned(), 3)]
+        );
+        assert_eq!(
+            expiry.entries(),
+            [
+                ("x".to_owned(), "b".to_owned(), 2),
+                ("y".to_owned(), "c".to_owned(), 3)
+            ]
+        );
         tokio::time::advance(Duration::from_secs(30)).await;
-        expiry.record("b", 4);
+        expiry.record("x", "b", 4);
         tokio::time::advance(Duration::from_secs(35)).await;
         assert_eq!(
             expiry.snapshot(),

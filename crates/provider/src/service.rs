@@ -362,6 +362,7 @@ where
                                 key.as_ref(),
                                 file_mode,
                                 &expiry,
+                                &namespace,
                             )?;
                             Ok((files, version, held.reservation))
                         };
