@@ -1,7 +1,8 @@
 //! `cargo xtask fuzz [--cases N]`: every property test over tenant or upstream input, for
 //! longer than the test suite runs them.
 //!
-//! The properties are the `fuzz` tests of the crates (proptest, stable Rust): the HPACK
+//! The properties are the `fuzz` tests of the crates (proptest, stable Rust), certificate
+//! keys and certificate PEMs among them: the HPACK
 //! adapter (`h2-authority`), the driver's request fields and `grpc-timeout` (`csi-grpc`),
 //! SecretProviderClass parameters (`provider`), JWTs, the mount's service-account token,
 //! the proxymux reply, private keys (PEM, DER, PKCS#1, PKCS#8, encrypted) and the instance

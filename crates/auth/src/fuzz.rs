@@ -113,6 +113,27 @@ proptest! {
     }
 
     #[test]
+    fn fuzz_certificate_keys(bytes in proptest::collection::vec(any::<u8>(), 0..600), edits in edits(), which in 0..5usize) {
+        use crate::tenant_keys::CertificateKey;
+        let _ = CertificateKey::decode(&bytes, None);
+        let sample = data(["rsa-pkcs1.pem", "rsa-pkcs8.pem", "rsa-pkcs8-encrypted.pem", "ec-p256-pkcs8.pem", "rsa-legacy-aes128.pem"][which]);
+        let mutated = mutate(&sample, &edits);
+        let _ = CertificateKey::decode(&mutated, Some(b"wrong"));
+        // Mutations of the DER reach the PKCS#8, SEC1 and PBES2 parsers (and the KDF limits).
+        let text = String::from_utf8_lossy(&sample).into_owned();
+        let body: String = text.lines().filter(|l| !l.starts_with("-----") && !l.contains(':')).collect();
+        if let Ok(der) = STANDARD.decode(body) {
+            let der = mutate(&der, &edits);
+            for label in ["PRIVATE KEY", "ENCRYPTED PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"] {
+                let pem = format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", STANDARD.encode(&der));
+                if let Err(e) = CertificateKey::decode(pem.as_bytes(), Some(b"a passphrase")) {
+                    prop_assert!(!e.to_string().contains("a passphrase"));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn fuzz_the_instance_certificate_subject(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = crate::principals::fuzz_tenancy(&bytes);
     }

@@ -190,7 +190,7 @@ impl CertificateKey {
     /// `PRIVATE KEY` as is, `ENCRYPTED PRIVATE KEY` decrypted by the one PKCS#8 decryption
     /// (with its cost limits), `RSA PRIVATE KEY` (PKCS#1) and `EC PRIVATE KEY` (SEC1)
     /// wrapped. Blocking CPU work: only [`TenantKeys::run`] calls it.
-    fn decode(pem: &[u8], passphrase: Option<&[u8]>) -> Result<Self, KeyError> {
+    pub(crate) fn decode(pem: &[u8], passphrase: Option<&[u8]>) -> Result<Self, KeyError> {
         let block = PemBlock::first(pem)?;
         if block.legacy_encryption()?.is_some() {
             return Err(KeyError::UnsupportedEncryption(
