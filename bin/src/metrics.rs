@@ -22,9 +22,7 @@ struct CertificateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NamespaceLabel {
-    namespace: String,
-}
+struct NoLabels {}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
@@ -410,8 +408,8 @@ impl Collector for CacheSources {
         {
             let mut family = encoder.encode_descriptor(
                 "certificate_not_after_seconds",
-                "The soonest notAfter (Unix seconds) of the certificates, CAs and CA bundles each \
-                 namespace mounted in the last 24 hours (by OCID too with \
+                "The soonest notAfter (Unix seconds) of the certificates, CAs and CA bundles \
+                 mounted in the last 24 hours (each by namespace and OCID with \
                  telemetry.certificate_ids_in_metrics): alert before it passes",
                 None,
                 MetricType::Gauge,
@@ -425,11 +423,8 @@ impl Collector for CacheSources {
                         },
                     )?)?;
                 }
-            } else {
-                for (namespace, not_after) in self.certificate_expiry.soonest_by_namespace() {
-                    ConstGauge::new(not_after)
-                        .encode(family.encode_family(&NamespaceLabel { namespace })?)?;
-                }
+            } else if let Some(soonest) = self.certificate_expiry.soonest() {
+                ConstGauge::new(soonest).encode(family.encode_family(&NoLabels {})?)?;
             }
         }
         let gauges: [(&str, &str, CacheCounter); 3] = [

@@ -88,6 +88,9 @@ pub struct CertificateExpiry {
 
 type Seen = (String, i64, tokio::time::Instant);
 
+/// A certificate mounted this close to its `notAfter` is logged at warn.
+const EXPIRY_WARNING_SECONDS: i64 = 14 * 86_400;
+
 impl Default for CertificateExpiry {
     fn default() -> Self {
         Self::new(Duration::from_secs(24 * 3600), 1024)
@@ -116,6 +119,17 @@ impl CertificateExpiry {
     }
 
     fn record(&self, namespace: &str, id: &str, not_after: i64) {
+        // The operator's log names what the anonymous gauge cannot.
+        let left = not_after.saturating_sub(vault::unix(std::time::SystemTime::now()));
+        if left < EXPIRY_WARNING_SECONDS {
+            tracing::warn!(
+                namespace,
+                certificate = id,
+                not_after,
+                days_left = left / 86_400,
+                "a mounted certificate expires within 14 days (or has expired)"
+            );
+        }
         let now = tokio::time::Instant::now();
         let mut seen = self.fresh();
         if !seen.contains_key(id) && seen.len() >= self.max {
@@ -151,17 +165,11 @@ impl CertificateExpiry {
         out
     }
 
-    /// (namespace, the soonest `notAfter` of the certificates it mounted lately): what the
-    /// gauge publishes by default, so that `/metrics`, which any pod that reaches the port
-    /// can read, does not list tenants' certificate OCIDs.
-    pub fn soonest_by_namespace(&self) -> Vec<(String, i64)> {
-        let seen = self.fresh();
-        let mut soonest: std::collections::BTreeMap<String, i64> = Default::default();
-        for (namespace, not_after, _) in seen.values() {
-            let entry = soonest.entry(namespace.clone()).or_insert(*not_after);
-            *entry = (*entry).min(*not_after);
-        }
-        soonest.into_iter().collect()
+    /// The soonest `notAfter` of the certificates mounted lately: what the gauge publishes
+    /// by default, so that `/metrics`, which any pod that reaches the port can read, names
+    /// no tenant's namespace or certificate OCID.
+    pub fn soonest(&self) -> Option<i64> {
+        self.fresh().values().map(|(_, not_after, _)| *not_after).min()
     }
 }
 
@@ -331,10 +339,7 @@ mod tests {
             [("b".to_owned(), 2), ("c".to_owned(), 3)],
             "the least recently mounted made room"
         );
-        assert_eq!(
-            expiry.soonest_by_namespace(),
-            [("x".to_owned(), 2), ("y".to_owned(), 3)]
-        );
+        assert_eq!(expiry.soonest(), Some(2));
         assert_eq!(
             expiry.entries(),
             [
