@@ -169,7 +169,10 @@ impl CertificateExpiry {
     /// by default, so that `/metrics`, which any pod that reaches the port can read, names
     /// no tenant's namespace or certificate OCID.
     pub fn soonest(&self) -> Option<i64> {
-        self.fresh().values().map(|(_, not_after, _)| *not_after).min()
+        self.fresh()
+            .values()
+            .map(|(_, not_after, _)| *not_after)
+            .min()
     }
 }
 

@@ -8,10 +8,11 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use oci_csi_provider::{MountConfig, OciMount};
 
-/// Establishes every request as the workload identity of its pod.
+/// Establishes every request as the workload identity of its pod (in `region`, when set).
 #[derive(Clone, Debug, Default)]
 pub struct Auth {
     pub calls: Arc<AtomicUsize>,
+    pub region: Option<auth::region::Region>,
 }
 
 impl tower::Service<auth::IdentityRequest> for Auth {
@@ -28,9 +29,10 @@ impl tower::Service<auth::IdentityRequest> for Auth {
 
     fn call(&mut self, request: auth::IdentityRequest) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        let region = self.region.clone();
         Box::pin(async move {
             Ok(auth::Established {
-                region: None,
+                region,
                 credential: auth::Credential::Workload {
                     namespace: request.namespace.clone().unwrap_or_default(),
                     service_account: request.service_account.clone().unwrap_or_default(),

@@ -402,38 +402,6 @@ impl oci_csi_provider::RegionResolver for TwoRealms {
     }
 }
 
-/// The workload identity of the pod, established in us-ashburn-1 (realm oc1).
-#[derive(Clone, Default)]
-struct InAshburn;
-
-impl tower::Service<auth::IdentityRequest> for InAshburn {
-    type Response = auth::Established;
-    type Error = auth::AuthError;
-    type Future = BoxFuture<'static, Result<auth::Established, auth::AuthError>>;
-
-    fn poll_ready(
-        &mut self,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _request: auth::IdentityRequest) -> Self::Future {
-        Box::pin(async move {
-            Ok(auth::Established {
-                region: Some(auth::region::Regions::default().resolve("iad").unwrap()),
-                credential: auth::Credential::Workload {
-                    namespace: "app".into(),
-                    service_account: "web".into(),
-                    service_account_uid: None,
-                },
-                secrets_endpoint: "https://secrets.us-ashburn-1".into(),
-                certificates_endpoint: "https://certificates.us-ashburn-1".into(),
-            })
-        })
-    }
-}
-
 #[tokio::test]
 async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_list() {
     let with_region = |region: &str| {
@@ -442,8 +410,13 @@ async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_lis
         mount
     };
     let mount_service = |allowed_regions: Vec<String>| {
+        // The principal was established in us-ashburn-1 (realm oc1).
+        let in_ashburn = Auth {
+            region: Some(auth::region::Regions::default().resolve("iad").unwrap()),
+            ..Auth::default()
+        };
         OciMount::new(
-            InAshburn,
+            in_ashburn,
             Vault::default(),
             MountConfig {
                 regions: Some(Arc::new(TwoRealms)),
