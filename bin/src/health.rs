@@ -193,56 +193,6 @@ impl MetricsRender {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_rendered_at_most_once_a_second_however_often_scraped() {
-        let render = MetricsRender::default();
-        let start = tokio::time::Instant::now();
-        for i in 0..1000 {
-            let at = start + RENDER_EVERY * i / 1000;
-            assert_eq!(render.get_at(at, || "a".into()), "a");
-        }
-        assert_eq!(render.renders(), 1);
-        assert_eq!(render.get_at(start + RENDER_EVERY, || "b".into()), "b");
-        assert_eq!(render.renders(), 2);
-    }
-
-    #[test]
-    fn a_full_server_still_admits_an_address_lighter_than_the_busiest() {
-        let table = Arc::new(Mutex::new(Connections::default()));
-        let limits = HttpLimits {
-            max_connections: 4,
-            max_connections_per_address: 2,
-            header_read_timeout: Duration::from_secs(5),
-        };
-        let neighbour = |i: u8| IpAddr::from([127, 0, 0, i]);
-        let mut held = Vec::new();
-        for i in [2, 2, 3, 3] {
-            held.push(admit(&table, neighbour(i), &limits).unwrap());
-        }
-        // Full. A third from 127.0.0.2 is over its own cap; the kubelet, holding none, gets
-        // in by evicting one connection of a busiest address (two connections).
-        assert!(admit(&table, neighbour(2), &limits).is_none());
-        let (kubelet, _) = admit(&table, neighbour(1), &limits).unwrap();
-        let evicted = held
-            .iter_mut()
-            .filter_map(|(_, evicted)| evicted.try_recv().ok())
-            .count();
-        assert_eq!(evicted, 1, "one connection of a busiest address was closed");
-        assert_eq!(table.lock().unwrap().total, 4, "the bound holds");
-        // Two addresses of one connection each, and one of two: a second from the kubelet
-        // would not be lighter than the busiest after it, so it is refused.
-        assert!(admit(&table, neighbour(1), &limits).is_none());
-        drop(kubelet);
-        drop(held);
-        assert_eq!(table.lock().unwrap().total, 0);
-        assert!(table.lock().unwrap().per_address.is_empty());
-    }
-}
-
 fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (routes, request.method(), request.uri().path()) {
         (_, m, _) if m != Method::GET && m != Method::HEAD => (
@@ -378,5 +328,55 @@ pub(crate) async fn serve(
                 _ = stop.wait_for(|stop| *stop) => {}
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_rendered_at_most_once_a_second_however_often_scraped() {
+        let render = MetricsRender::default();
+        let start = tokio::time::Instant::now();
+        for i in 0..1000 {
+            let at = start + RENDER_EVERY * i / 1000;
+            assert_eq!(render.get_at(at, || "a".into()), "a");
+        }
+        assert_eq!(render.renders(), 1);
+        assert_eq!(render.get_at(start + RENDER_EVERY, || "b".into()), "b");
+        assert_eq!(render.renders(), 2);
+    }
+
+    #[test]
+    fn a_full_server_still_admits_an_address_lighter_than_the_busiest() {
+        let table = Arc::new(Mutex::new(Connections::default()));
+        let limits = HttpLimits {
+            max_connections: 4,
+            max_connections_per_address: 2,
+            header_read_timeout: Duration::from_secs(5),
+        };
+        let neighbour = |i: u8| IpAddr::from([127, 0, 0, i]);
+        let mut held = Vec::new();
+        for i in [2, 2, 3, 3] {
+            held.push(admit(&table, neighbour(i), &limits).unwrap());
+        }
+        // Full. A third from 127.0.0.2 is over its own cap; the kubelet, holding none, gets
+        // in by evicting one connection of a busiest address (two connections).
+        assert!(admit(&table, neighbour(2), &limits).is_none());
+        let (kubelet, _) = admit(&table, neighbour(1), &limits).unwrap();
+        let evicted = held
+            .iter_mut()
+            .filter_map(|(_, evicted)| evicted.try_recv().ok())
+            .count();
+        assert_eq!(evicted, 1, "one connection of a busiest address was closed");
+        assert_eq!(table.lock().unwrap().total, 4, "the bound holds");
+        // Two addresses of one connection each, and one of two: a second from the kubelet
+        // would not be lighter than the busiest after it, so it is refused.
+        assert!(admit(&table, neighbour(1), &limits).is_none());
+        drop(kubelet);
+        drop(held);
+        assert_eq!(table.lock().unwrap().total, 0);
+        assert!(table.lock().unwrap().per_address.is_empty());
     }
 }
