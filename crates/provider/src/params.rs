@@ -638,8 +638,10 @@ impl<'de> Visitor<'de> for CappedList<'_> {
         while out.len() < self.max {
             match seq.next_element::<RawSecret>()? {
                 Some(entry) => {
-                    // The entry's own file (its keys counted themselves as they were read).
-                    if !take_file() {
+                    // The entry's own file, unless it has keys (which counted themselves as
+                    // they were read, and an entry with keys writes the whole secret only
+                    // with fileName): a lower bound, the exact count follows the checks.
+                    if entry.keys.is_none() && !take_file() {
                         return Err(de::Error::custom(TOO_MANY_FILES));
                     }
                     out.push(entry);

@@ -270,6 +270,25 @@ fn a_keys_list_past_the_file_cap_is_refused_while_it_is_parsed() {
 }
 
 #[test]
+fn entries_with_keys_are_not_counted_twice() {
+    // 200 entries of one key each write 200 files: within the cap of 256.
+    let mut yaml = String::new();
+    for i in 0..200 {
+        yaml.push_str(&format!(
+            "- name: s{i}\n  keys:\n  - key: k\n    fileName: f{i}\n"
+        ));
+    }
+    let attributes: std::collections::BTreeMap<String, String> = serde_json::from_value(json!({
+        "secrets": yaml,
+        "vaultId": "ocid1.vault.oc1..v",
+        "authType": "instance",
+    }))
+    .unwrap();
+    let params = MountParameters::parse(&attributes, &csi_grpc::Pod::default()).unwrap();
+    assert_eq!(params.secrets.len(), 200);
+}
+
+#[test]
 fn every_kind_of_file_counts_against_the_cap() {
     // Four whole secrets, two keys and a certificate with its key (tls.crt, ca.crt,
     // tls.key): nine files.
