@@ -222,6 +222,10 @@ pub struct ServerConfig {
     /// Files one mount may write, counting every file: entries, `keys` items and
     /// certificate files.
     pub max_files_per_mount: usize,
+    /// The uids whose connections to the Unix socket are served (`SO_PEERCRED`), besides
+    /// the provider's own; others are closed at accept with a warning. The driver and the
+    /// sync controller's sidecar socket user run as root.
+    pub allowed_peer_uids: Vec<u32>,
 }
 
 impl ServerConfig {
@@ -262,6 +266,7 @@ impl Default for ServerConfig {
             max_in_flight_per_namespace: None,
             max_secrets_per_mount: 256,
             max_files_per_mount: 256,
+            allowed_peer_uids: vec![0],
         }
     }
 }

@@ -190,7 +190,8 @@ pub async fn run(
     ));
 
     let listener = csi_grpc::Listener::bind(&endpoint, config.server.endpoint_permissions.0)
-        .with_context(|| format!("cannot serve {endpoint} (--endpoint)"))?;
+        .with_context(|| format!("cannot serve {endpoint} (--endpoint)"))?
+        .allow_peer_uids(peer_uids(&config.server.allowed_peer_uids));
     let provider = stack.provider;
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
     ready.set_serving(true);
@@ -210,4 +211,17 @@ pub async fn run(
     served.context("the gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `server.allowed_peer_uids` and the provider's own uid (a process of that uid can act as
+/// the provider anyway, and a developer's run under its own account keeps working).
+fn peer_uids(configured: &[u32]) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut uids = configured.to_vec();
+    if let Ok(own) = std::fs::metadata("/proc/self") {
+        uids.push(own.uid());
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    uids
 }

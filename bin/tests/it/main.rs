@@ -523,3 +523,82 @@ async fn sixty_four_busy_neighbours_cannot_lock_the_kubelet_out_of_the_health_ch
     }
     assert!(provider.terminate().await.status.success());
 }
+
+/// Connects to `socket` as `uid` (through setpriv) or as this process, sends the HTTP/2
+/// preface and an empty SETTINGS frame, and answers how many bytes came back before EOF
+/// or a second: the server's SETTINGS when served, nothing when refused at accept.
+fn h2_bytes_back(socket: &std::path::Path, uid: Option<u32>) -> usize {
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.settimeout(1.0)\n\
+         s.connect({path:?})\n\
+         n = 0\n\
+         try:\n\
+         \x20   s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))\n\
+         \x20   while True:\n\
+         \x20       b = s.recv(4096)\n\
+         \x20       if not b: break\n\
+         \x20       n += len(b)\n\
+         except (socket.timeout, ConnectionResetError, BrokenPipeError):\n\
+         \x20   pass\n\
+         print(n)\n",
+        path = socket.to_str().unwrap()
+    );
+    let mut command = match uid {
+        Some(uid) => {
+            let mut c = std::process::Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/usr/bin/python3",
+            ]);
+            c
+        }
+        None => std::process::Command::new("/usr/bin/python3"),
+    };
+    let out = command.arg("-c").arg(script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_peer_of_another_uid_is_refused_at_accept() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let own = std::fs::metadata("/proc/self").unwrap().uid();
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output();
+    // Debian's python3 (not a per-user one another uid cannot run) is the client.
+    if own != 0 || setpriv.is_err() || !std::path::Path::new("/usr/bin/python3").exists() {
+        eprintln!(
+            "skipped: needs root, setpriv and /usr/bin/python3 to connect as another uid (CI has them)"
+        );
+        return;
+    }
+    // The socket's mode lets anyone connect: the peer check alone refuses uid 65534.
+    let provider = Provider::start(&["--endpoint-permissions=0666"], &[]).await;
+    let dir = provider.socket.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(h2_bytes_back(&provider.socket, None) > 0, "root is served");
+    assert_eq!(
+        h2_bytes_back(&provider.socket, Some(65534)),
+        0,
+        "uid 65534 is refused"
+    );
+    // Still serving.
+    assert!(h2_bytes_back(&provider.socket, None) > 0);
+    let output = provider.terminate().await;
+    assert!(output.status.success());
+    assert!(
+        output.stderr.contains("from uid 65534")
+            && output.stderr.contains("server.allowed_peer_uids"),
+        "{}",
+        output.stderr
+    );
+}

@@ -100,6 +100,8 @@ pub enum BindError {
 #[derive(Debug)]
 pub struct Listener {
     pub(crate) kind: ListenerKind,
+    /// The uids a Unix-socket peer may have (`None`: any the socket's mode lets in).
+    pub(crate) allowed_peer_uids: Option<Vec<u32>>,
 }
 
 #[derive(Debug)]
@@ -113,6 +115,15 @@ pub(crate) enum ListenerKind {
 }
 
 impl Listener {
+    /// Serves only Unix-socket peers whose uid (`SO_PEERCRED`, read once per accepted
+    /// connection) is in `uids`; others are closed at accept with a warning naming the uid.
+    /// Defence in depth beside the socket's mode. TCP endpoints (loopback debugging) are
+    /// unaffected.
+    pub fn allow_peer_uids(mut self, uids: Vec<u32>) -> Self {
+        self.allowed_peer_uids = Some(uids);
+        self
+    }
+
     /// Binds `endpoint`. For a Unix socket, the socket is created in a fresh private
     /// directory (mode 0700) next to the path, given `permissions` there (whatever the
     /// umask), and moved onto the path with `rename(2)`: it is never reachable with other
@@ -150,6 +161,7 @@ impl Listener {
                     })?;
                 Ok(Self {
                     kind: ListenerKind::Tcp(listener),
+                    allowed_peer_uids: None,
                 })
             }
         }
@@ -237,6 +249,7 @@ fn bind_unix(path: &Path, permissions: u32) -> Result<Listener, BindError> {
             path: path.to_owned(),
             identity: SocketIdentity::of(&meta),
         },
+        allowed_peer_uids: None,
     })
 }
 

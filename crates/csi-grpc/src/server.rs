@@ -493,13 +493,21 @@ where
     // resolves `stop_rx`) right away so graceful draining starts immediately.
     drop(stop_tx);
     let router = tonic::transport::Server::builder().add_service(provider.into_service());
+    let listener_uids = listener.allowed_peer_uids;
     let (result, socket) = match listener.kind {
         ListenerKind::Unix {
             listener,
             path,
             identity,
         } => {
+            let allowed = listener_uids;
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
+                .filter(move |stream| {
+                    std::future::ready(match (stream, &allowed) {
+                        (Ok(stream), Some(uids)) => peer_allowed(stream, uids),
+                        _ => true,
+                    })
+                })
                 .map(|stream| stream.map(RewriteAuthority::new));
             let server = router.serve_with_incoming_shutdown(incoming, signal);
             (
@@ -518,6 +526,30 @@ where
         remove_own_socket(&path, identity);
     }
     result
+}
+
+/// Whether the peer of an accepted Unix connection may be served: its uid, as the kernel
+/// recorded it at `connect(2)`, is one of `uids`. A peer whose credentials cannot be read
+/// is refused too.
+fn peer_allowed(stream: &tokio::net::UnixStream, uids: &[u32]) -> bool {
+    match stream.peer_cred() {
+        Ok(cred) if uids.contains(&cred.uid()) => true,
+        Ok(cred) => {
+            tracing::warn!(
+                uid = cred.uid(),
+                pid = cred.pid(),
+                allowed = ?uids,
+                "refused a connection to the provider's socket from uid {}: not in \
+                 server.allowed_peer_uids",
+                cred.uid()
+            );
+            false
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "refused a connection whose peer credentials cannot be read");
+            false
+        }
+    }
 }
 
 async fn drain(

@@ -99,3 +99,56 @@ async fn tcp_serves_on_loopback_only() {
     }
     assert!("tcp://10.0.0.1:80".parse::<Endpoint>().is_err());
 }
+
+#[tokio::test]
+async fn only_the_allowed_peer_uids_are_served() {
+    use secrets_store_csi_grpc::{CsiProvider, MountLimits, serve};
+    use std::os::unix::fs::MetadataExt as _;
+    // This process's uid, as the kernel reports it for our connections.
+    let own = std::fs::metadata("/proc/self").unwrap().uid();
+    for (allowed, served) in [(vec![own.wrapping_add(1)], false), (vec![0, own], true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("provider.sock");
+        let listener = Listener::bind(&Endpoint::Unix(path.clone()), 0o600)
+            .unwrap()
+            .allow_peer_uids(allowed.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let provider = CsiProvider::new(
+            tower::service_fn(|_req: secrets_store_csi_grpc::MountRequest| async {
+                Err::<secrets_store_csi_grpc::MountResponse, _>(
+                    secrets_store_csi_grpc::MountError::internal("unused"),
+                )
+            }),
+            crate::support::info(),
+            MountLimits::default(),
+        );
+        let server = tokio::spawn(serve(
+            listener,
+            provider,
+            async move {
+                let _ = stopped.await;
+            },
+            std::time::Duration::from_secs(1),
+        ));
+        let version = async {
+            let mut client = secrets_store_csi_grpc::client::connect_unix(&path).await?;
+            client
+                .version(secrets_store_csi_grpc::proto::VersionRequest {
+                    version: "v1alpha1".into(),
+                })
+                .await
+                .map_err(Into::into)
+        };
+        let answer: Result<_, Box<dyn std::error::Error + Send + Sync>> =
+            tokio::time::timeout(std::time::Duration::from_secs(5), version)
+                .await
+                .unwrap_or_else(|_| Err("timed out".into()));
+        assert_eq!(
+            answer.is_ok(),
+            served,
+            "allowed {allowed:?}, own uid {own}: {answer:?}"
+        );
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
+}
