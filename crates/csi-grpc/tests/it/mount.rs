@@ -337,20 +337,38 @@ async fn the_deadline_is_the_grpc_timeout_capped_by_the_maximum() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
-    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+/// A service whose mounts for which `held` holds report on the channel and wait for the
+/// `Notify`; the others answer at once.
+fn gated(
+    held: fn(&MountRequest) -> bool,
+) -> (
+    impl tower::Service<MountRequest, Response = MountResponse, Error = MountError, Future: Send>
+    + Clone
+    + Send
+    + Sync,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (entered_tx, entered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let release = Arc::new(tokio::sync::Notify::new());
     let gate = release.clone();
     let service = tower::service_fn(move |req: MountRequest| {
         let entered = entered_tx.clone();
         let gate = gate.clone();
         async move {
-            let _ = entered.send(());
-            gate.notified().await;
+            if held(&req) {
+                let _ = entered.send(());
+                gate.notified().await;
+            }
             Ok(one_file(&req))
         }
     });
+    (service, entered_rx, release)
+}
+
+#[tokio::test]
+async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
+    let (service, mut entered_rx, release) = gated(|_| true);
     let limits = MountLimits {
         max_in_flight: 2,
         ..MountLimits::default()
@@ -383,20 +401,7 @@ async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
 async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
     // Namespace a's mounts hang. Alone it may take six of eight slots (all but one share
     // of two), then it is refused; namespace b still mounts at once, twice over.
-    let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let gate = release.clone();
-    let service = tower::service_fn(move |req: MountRequest| {
-        let entered = entered_tx.clone();
-        let gate = gate.clone();
-        async move {
-            if req.pod.namespace.as_deref() == Some("a") {
-                let _ = entered.send(());
-                gate.notified().await;
-            }
-            Ok(one_file(&req))
-        }
-    });
+    let (service, mut entered_rx, release) = gated(|req| req.pod.namespace.as_deref() == Some("a"));
     let limits = MountLimits {
         max_in_flight: 8,
         max_in_flight_per_namespace: 2,
