@@ -87,7 +87,8 @@ impl TenantKeys {
     }
 
     /// Namespaces with a load running or waiting (the turn table's size).
-    pub fn namespaces_waiting(&self) -> usize {
+    #[cfg(test)]
+    fn namespaces_waiting(&self) -> usize {
         self.inner
             .namespaces
             .lock()

@@ -349,9 +349,7 @@ impl<S> Budgeted<S> {
     pub(crate) fn new(inner: S) -> Self {
         Self { inner }
     }
-}
 
-impl<S> Budgeted<S> {
     /// Runs one upstream fetch of the mount within its bounds: refused when the mount is
     /// over its size limit already or when no reservation can be had; the reservation is
     /// given back during retry backoffs and shrunk to the answer's weight, which counts
