@@ -247,6 +247,16 @@ async fn one_namespace_cannot_take_the_whole_byte_budget() {
     }
 }
 
+/// The parameters of an instance-principal class whose `secrets` is `yaml`.
+fn instance_class(yaml: &str) -> std::collections::BTreeMap<String, String> {
+    serde_json::from_value(json!({
+        "secrets": yaml,
+        "vaultId": "ocid1.vault.oc1..v",
+        "authType": "instance",
+    }))
+    .unwrap()
+}
+
 #[test]
 fn a_keys_list_past_the_file_cap_is_refused_while_it_is_parsed() {
     // 257 keys, then YAML that does not parse: the parser must stop at the cap, before it
@@ -256,13 +266,7 @@ fn a_keys_list_past_the_file_cap_is_refused_while_it_is_parsed() {
         yaml.push_str(&format!("  - key: k{i}\n"));
     }
     yaml.push_str("  - key: [unterminated\n");
-    let attributes = json!({
-        "secrets": yaml,
-        "vaultId": "ocid1.vault.oc1..v",
-        "authType": "instance",
-    });
-    let attributes: std::collections::BTreeMap<String, String> =
-        serde_json::from_value(attributes).unwrap();
+    let attributes = instance_class(&yaml);
     let err = MountParameters::parse(&attributes, &csi_grpc::Pod::default()).unwrap_err();
     let message = err.to_string();
     assert!(message.contains("more than 256 files"), "{message}");
@@ -278,12 +282,7 @@ fn entries_with_keys_are_not_counted_twice() {
             "- name: s{i}\n  keys:\n  - key: k\n    fileName: f{i}\n"
         ));
     }
-    let attributes: std::collections::BTreeMap<String, String> = serde_json::from_value(json!({
-        "secrets": yaml,
-        "vaultId": "ocid1.vault.oc1..v",
-        "authType": "instance",
-    }))
-    .unwrap();
+    let attributes = instance_class(&yaml);
     let params = MountParameters::parse(&attributes, &csi_grpc::Pod::default()).unwrap();
     assert_eq!(params.secrets.len(), 200);
 }
@@ -295,12 +294,7 @@ fn every_kind_of_file_counts_against_the_cap() {
     let yaml = "- name: a\n- name: b\n- name: c\n- name: d\n\
                 - name: e\n  keys:\n  - key: x\n  - key: y\n\
                 - certificateId: ocid1.certificate.oc1..web\n  privateKey: true\n";
-    let attributes: std::collections::BTreeMap<String, String> = serde_json::from_value(json!({
-        "secrets": yaml,
-        "vaultId": "ocid1.vault.oc1..v",
-        "authType": "instance",
-    }))
-    .unwrap();
+    let attributes = instance_class(yaml);
     let pod = csi_grpc::Pod::default();
     let within = |max_files| {
         MountParameters::parse_within(
