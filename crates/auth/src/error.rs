@@ -195,11 +195,9 @@ pub enum AuthError {
         /// What is wrong (never the token).
         reason: &'static str,
     },
-    /// No service-account token for the workload audience was supplied and TokenRequest
-    /// is disabled.
-    #[error(
-        "no service-account token for audience {audience:?} was supplied by the driver for {namespace}/{service_account} and token requests are disabled"
-    )]
+    /// No service-account token for the workload audience was supplied, and the provider
+    /// may not request one (TokenRequest disabled, or a caller whose mounts are for no pod).
+    #[error("{}", no_token_message(namespace, service_account, audience, *caller, sent))]
     NoServiceAccountToken {
         /// Namespace.
         namespace: String,
@@ -207,6 +205,20 @@ pub enum AuthError {
         service_account: String,
         /// The configured audience.
         audience: String,
+        /// Who sent the mount.
+        caller: crate::Caller,
+        /// The audiences the caller did send tokens for (names only).
+        sent: Vec<String>,
+    },
+    /// The provider's own service account may not read the user principal's Secret.
+    #[error("{}", secret_forbidden_message(namespace, name, *caller))]
+    SecretForbidden {
+        /// Namespace.
+        namespace: String,
+        /// The Secret's name (`authSecretName`).
+        name: String,
+        /// Who sent the mount.
+        caller: crate::Caller,
     },
     /// An endpoint answered with an error status.
     #[error("{endpoint} answered http {status} to {operation}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
@@ -310,6 +322,7 @@ impl AuthError {
             | AuthError::Unauthorized { .. }
             | AuthError::InvalidServiceAccountToken { .. }
             | AuthError::NoServiceAccountToken { .. } => ErrorKind::Unauthenticated,
+            AuthError::SecretForbidden { .. } => ErrorKind::PermissionDenied,
             AuthError::Config(_)
             | AuthError::Region(_)
             | AuthError::MissingRequestField(_)
@@ -328,6 +341,47 @@ impl AuthError {
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
             AuthError::Shared(shared) => shared.kind(),
         }
+    }
+}
+
+fn no_token_message(
+    namespace: &str,
+    service_account: &str,
+    audience: &str,
+    caller: crate::Caller,
+    sent: &[String],
+) -> String {
+    let sent = if sent.is_empty() {
+        String::new()
+    } else {
+        format!(" (it sent tokens for {sent:?} only)")
+    };
+    match caller {
+        crate::Caller::Driver => format!(
+            "no service-account token for audience {audience:?} was supplied by the driver for \
+             {namespace}/{service_account}{sent} and token requests are disabled"
+        ),
+        crate::Caller::SyncController => format!(
+            "the secrets-store-sync-controller sent no service-account token for audience \
+             {audience:?} for {namespace}/{service_account}{sent}: start it with \
+             --token-request-audience={audience} (its chart's tokenRequestAudience); the \
+             provider does not request tokens for the controller, which mounts for no pod"
+        ),
+    }
+}
+
+fn secret_forbidden_message(namespace: &str, name: &str, caller: crate::Caller) -> String {
+    match caller {
+        crate::Caller::Driver => format!(
+            "the provider's service account may not get Secret {namespace}/{name} \
+             (Kubernetes 403): grant it get on Secrets in {namespace}"
+        ),
+        crate::Caller::SyncController => format!(
+            "the provider may not get Secret {namespace}/{name} (Kubernetes 403): as the \
+             secrets-store-sync-controller's sidecar it runs as the controller's service \
+             account, which may create and patch Secrets but not get them; bind it a Role with \
+             get on this Secret in {namespace}, or use authType workload or instance"
+        ),
     }
 }
 

@@ -168,13 +168,14 @@ impl KubeApi {
     }
 
     /// `POST .../serviceaccounts/{sa}/token` (spec 3.6): a token for `audience` (`""`:
-    /// the API server's default) bound to the pod when known.
+    /// the API server's default), always bound to the pod it is for: the provider mints no
+    /// token a pod on this node does not hold.
     pub(crate) async fn token_request(
         &self,
         namespace: &str,
         service_account: &str,
         audience: &str,
-        pod: Option<(&str, &str)>,
+        (pod_name, pod_uid): (&str, &str),
         expiration_seconds: u64,
         deadline: tokio::time::Instant,
     ) -> Result<SecretString, AuthError> {
@@ -185,14 +186,11 @@ impl KubeApi {
         } else {
             vec![audience]
         };
-        let mut spec = serde_json::json!({
+        let spec = serde_json::json!({
             "audiences": audiences,
             "expirationSeconds": expiration_seconds,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod_name, "uid": pod_uid},
         });
-        if let Some((name, uid)) = pod {
-            spec["boundObjectRef"] =
-                serde_json::json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
-        }
         let body = serde_json::json!({
             "kind": "TokenRequest",
             "apiVersion": "authentication.k8s.io/v1",

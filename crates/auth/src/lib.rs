@@ -36,8 +36,8 @@ pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
 pub use identity::{Credential, Identity};
 pub use key::{KeyError, PrivateKey};
 pub use principals::{
-    DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, IdentityRequest,
-    PrincipalKind, Principals, PrincipalsConfig,
+    Caller, DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established,
+    IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
 };
 pub use remote::opc_request_id;
 pub use signing::{

@@ -44,8 +44,8 @@ pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};
 pub use path::{FilePath, PathError, validate_file_set};
 pub use request::{
-    FileMode, MountRequest, ObjectVersion, Pod, SERVICE_ACCOUNT_TOKENS_KEY, ServiceAccountToken,
-    ServiceAccountTokens,
+    Caller, FileMode, MountRequest, ObjectVersion, Pod, SERVICE_ACCOUNT_TOKENS_KEY,
+    SYNC_CONTROLLER_TARGET_PATH, ServiceAccountToken, ServiceAccountTokens,
 };
 pub use response::{File, FileContents, MountResponse};
 pub use server::{

@@ -18,6 +18,13 @@ const POD_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pod.namespace";
 const POD_UID_KEY: &str = "csi.storage.k8s.io/pod.uid";
 const SERVICE_ACCOUNT_NAME_KEY: &str = "csi.storage.k8s.io/serviceAccount.name";
 
+/// The `target_path` of every request of the secrets-store-sync-controller (a constant in
+/// its `pkg/provider/provider_client.go`; it is never a directory on the node).
+pub const SYNC_CONTROLLER_TARGET_PATH: &str = "/mnt/secrets-store";
+
+/// The attribute every driver version adds to the SecretProviderClass parameters.
+const SECRET_PROVIDER_CLASS_KEY: &str = "secretProviderClass";
+
 /// Highest file mode the contract allows (0777).
 const MAX_FILE_MODE: u32 = 0o777;
 
@@ -43,6 +50,45 @@ pub struct MountRequest {
     pub current_object_versions: Vec<ObjectVersion>,
     /// When the driver stops waiting: the request's `grpc-timeout`, capped by configuration.
     pub deadline: Instant,
+    /// Who sent the request, told from its shape.
+    pub caller: Caller,
+}
+
+/// Who calls `Mount`: both speak the same contract, but only the driver mounts for a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The Secrets Store CSI driver, for a pod's volume on this node: the pod attributes
+    /// name the pod the files are for.
+    Driver,
+    /// The secrets-store-sync-controller (`kubernetes-sigs/secrets-store-sync-controller`),
+    /// for a `SecretSync` object: the files become a Kubernetes Secret. Its pod attributes
+    /// name the controller's own pod (in its own namespace), with the SecretSync's
+    /// namespace and service account; its tokens, when it sends any, are bound to no pod.
+    ///
+    /// Told by the shape only the controller sends: `target_path` is
+    /// [`SYNC_CONTROLLER_TARGET_PATH`] and there is no `secretProviderClass` attribute
+    /// (which every driver version adds).
+    SyncController,
+}
+
+impl Caller {
+    fn of(target_path: &str, attributes: &BTreeMap<String, String>) -> Self {
+        if target_path == SYNC_CONTROLLER_TARGET_PATH
+            && !attributes.contains_key(SECRET_PROVIDER_CLASS_KEY)
+        {
+            Caller::SyncController
+        } else {
+            Caller::Driver
+        }
+    }
+
+    /// A name for logs and spans: `driver` or `sync-controller`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Caller::Driver => "driver",
+            Caller::SyncController => "sync-controller",
+        }
+    }
 }
 
 /// The pod a mount is for. Fields are absent when the driver does not send pod information
@@ -160,6 +206,7 @@ impl MountRequest {
             uid: attributes.get(POD_UID_KEY).cloned(),
             service_account: attributes.get(SERVICE_ACCOUNT_NAME_KEY).cloned(),
         };
+        let caller = Caller::of(&request.target_path, &attributes);
         let current_object_versions = request
             .current_object_version
             .into_iter()
@@ -176,6 +223,7 @@ impl MountRequest {
             file_mode,
             current_object_versions,
             deadline,
+            caller,
         })
     }
 }
@@ -350,6 +398,36 @@ mod tests {
         assert_eq!(req.attributes["secrets"], "- name: a\n");
         assert_eq!(req.current_object_versions.len(), 1);
         assert!(req.service_account_tokens.is_empty());
+    }
+
+    #[test]
+    fn the_sync_controller_is_told_by_its_target_path_and_the_missing_class_attribute() {
+        let controller = serde_json::json!({
+            "secrets": "- name: a\n",
+            "csi.storage.k8s.io/pod.namespace": "ns",
+        });
+        let mut driver = controller.clone();
+        driver["secretProviderClass"] = "spc".into();
+        let at = |target: &str, attributes: &serde_json::Value| {
+            let mut r = request(&attributes.to_string(), "{}", "420");
+            r.target_path = target.into();
+            MountRequest::from_proto(r, Instant::now()).unwrap().caller
+        };
+        assert_eq!(
+            at(SYNC_CONTROLLER_TARGET_PATH, &controller),
+            Caller::SyncController
+        );
+        // Either mark alone is a driver's request: a pod mounting at /mnt/secrets-store
+        // still has kubelet's path, and every driver version adds secretProviderClass.
+        assert_eq!(at(SYNC_CONTROLLER_TARGET_PATH, &driver), Caller::Driver);
+        assert_eq!(
+            at(
+                "/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/v/mount",
+                &controller
+            ),
+            Caller::Driver
+        );
+        assert_eq!(at("/mnt/secrets-store/", &controller), Caller::Driver);
     }
 
     #[test]

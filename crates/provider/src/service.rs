@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use csi_grpc::{
-    ErrorKind, File, FileContents, MountError, MountRequest, MountResponse, ObjectVersion,
+    Caller, ErrorKind, File, FileContents, MountError, MountRequest, MountResponse, ObjectVersion,
 };
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -237,6 +237,10 @@ where
                 .map(|(audience, token)| (audience.to_owned(), token.token.clone()))
                 .collect(),
             deadline: request.deadline,
+            caller: match request.caller {
+                Caller::Driver => auth::Caller::Driver,
+                Caller::SyncController => auth::Caller::SyncController,
+            },
         };
         let principal = auth_type.as_str();
         let established = tracing::Instrument::instrument(

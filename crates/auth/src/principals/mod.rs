@@ -169,6 +169,20 @@ pub enum PrincipalKind {
     Workload,
 }
 
+/// Who asks for a mount's identity, which decides what the pod attributes mean.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Caller {
+    /// The CSI driver, for a pod on this node: a token the provider requests is bound to
+    /// that pod.
+    #[default]
+    Driver,
+    /// The secrets-store-sync-controller, for a `SecretSync`: the pod attributes name the
+    /// controller's own pod, so the identity is the service account alone. Its tokens
+    /// (`--token-request-audience`) are bound to no pod; the provider never requests one
+    /// for it (the request could not be bound to a pod of that namespace).
+    SyncController,
+}
+
 /// What [`Principals::establish`] needs to know of one mount.
 pub struct IdentityRequest {
     /// The principal.
@@ -185,6 +199,8 @@ pub struct IdentityRequest {
     pub service_account_tokens: BTreeMap<String, SecretString>,
     /// The mount's deadline.
     pub deadline: tokio::time::Instant,
+    /// Who sent the mount.
+    pub caller: Caller,
 }
 
 impl fmt::Debug for IdentityRequest {
@@ -200,6 +216,7 @@ impl fmt::Debug for IdentityRequest {
                 &self.service_account_tokens.keys().collect::<Vec<_>>(),
             )
             .field("deadline", &self.deadline)
+            .field("caller", &self.caller)
             .finish()
     }
 }
@@ -219,6 +236,16 @@ impl IdentityRequest {
             .ok_or(AuthError::MissingRequestField("service account name"))
     }
 
+    /// The pod a token the provider requests would be bound to: only the driver's mounts
+    /// are for a pod.
+    fn pod_to_bind(&self) -> Option<(&str, &str)> {
+        match self.caller {
+            Caller::Driver => self.pod(),
+            Caller::SyncController => None,
+        }
+    }
+
+    /// The pod the attributes name (for the sync controller, its own pod).
     fn pod(&self) -> Option<(&str, &str)> {
         match (self.pod_name.as_deref(), self.pod_uid.as_deref()) {
             (Some(name), Some(uid)) if !name.is_empty() && !uid.is_empty() => Some((name, uid)),

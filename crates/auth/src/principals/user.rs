@@ -88,7 +88,33 @@ pub(super) async fn establish(
     if secret_name.is_empty() {
         return Err(AuthError::MissingRequestField("authSecretName"));
     }
-    let loaded = cached_or_load(inner, namespace, secret_name, request.deadline).await?;
+    let loaded = cached_or_load(inner, namespace, secret_name, request.deadline)
+        .await
+        .map_err(|e| {
+            // The Secret read is the only Kubernetes call here; its 403 says whose RBAC to
+            // change, which depends on who runs the provider. (A waiter of the single
+            // flight gets the loader's error shared.)
+            let status = match &e {
+                AuthError::Shared(shared) => shared.as_ref(),
+                other => other,
+            };
+            if matches!(
+                status,
+                AuthError::Status {
+                    endpoint: crate::Endpoint::Kubernetes,
+                    status: 403,
+                    ..
+                }
+            ) {
+                AuthError::SecretForbidden {
+                    namespace: namespace.to_owned(),
+                    name: secret_name.to_owned(),
+                    caller: request.caller,
+                }
+            } else {
+                e
+            }
+        })?;
     Ok(super::Established {
         region: Some(loaded.region.clone()),
         credential: loaded.credential.clone(),

@@ -115,6 +115,15 @@ pub(super) fn check_token(
     Ok(TokenInfo { exp, uid })
 }
 
+/// Where an establishment's service-account token comes from.
+#[derive(Clone)]
+enum Source {
+    /// The mount supplied it (checked).
+    Supplied(SecretString, TokenInfo),
+    /// The provider requests one bound to this pod.
+    Request((String, String)),
+}
+
 pub(super) async fn establish(
     inner: &Inner,
     request: &IdentityRequest,
@@ -123,13 +132,19 @@ pub(super) async fn establish(
     let service_account = request.service_account()?;
     let secrets_endpoint = inner.secrets_endpoint(inner.region.as_ref())?;
     let certificates_endpoint = inner.certificates_endpoint(inner.region.as_ref())?;
+    // What the session remembers to renew with: the pod a TokenRequest may bind to.
+    let pod = request
+        .pod_to_bind()
+        .map(|(n, u)| (n.to_owned(), u.to_owned()));
     // The mount's own token is checked first, whatever the cache holds: a mount whose
     // token is invalid is refused even if its identity has a valid RPST.
-    let supplied = match request
-        .service_account_tokens
-        .get(&inner.config.workload_audience)
-    {
-        Some(token) => {
+    let source = match (
+        request
+            .service_account_tokens
+            .get(&inner.config.workload_audience),
+        &pod,
+    ) {
+        (Some(token), _) => {
             let info = check_token(
                 token,
                 namespace,
@@ -137,27 +152,30 @@ pub(super) async fn establish(
                 request.pod(),
                 inner.now(),
             )?;
-            Some((token.clone(), info))
+            Source::Supplied(token.clone(), info)
         }
-        None if inner.config.token_request => None,
-        None => {
+        // A token the provider requests is bound to the pod it mounts for; a mount for no
+        // pod (the sync controller's) must bring its own.
+        (None, Some(pod)) if inner.config.token_request => Source::Request(pod.clone()),
+        (None, _) => {
             return Err(AuthError::NoServiceAccountToken {
                 namespace: namespace.to_owned(),
                 service_account: service_account.to_owned(),
                 audience: inner.config.workload_audience.clone(),
+                caller: request.caller,
+                sent: request.service_account_tokens.keys().cloned().collect(),
             });
         }
     };
     let key = (namespace.to_owned(), service_account.to_owned());
-    let matches = |session: &Session| match &supplied {
+    let matches = |session: &Session| match &source {
         // A token of a recreated service account (another uid) is another identity.
-        Some((_, TokenInfo { uid: Some(uid), .. })) => matches!(
+        Source::Supplied(_, TokenInfo { uid: Some(uid), .. }) => matches!(
             &session.identity,
             Identity::Workload { service_account_uid: Some(cached), .. } if cached == uid
         ),
         _ => true,
     };
-    let pod = request.pod().map(|(n, u)| (n.to_owned(), u.to_owned()));
     let (session, _) = inner
         .workloads
         .get_or_fetch(
@@ -165,17 +183,17 @@ pub(super) async fn establish(
             request.deadline,
             |s| s.usable(inner.now()) && matches(s),
             |stale| {
-                let (supplied, pod) = (supplied.clone(), pod.clone());
+                let (source, pod) = (source.clone(), pod.clone());
                 let refresh = stale.is_some();
                 inner.counted("rpst", refresh, async move {
-                    let (token, info) = match supplied {
-                        Some(supplied) => supplied,
-                        None => {
+                    let (token, info) = match source {
+                        Source::Supplied(token, info) => (token, info),
+                        Source::Request(bind_to) => {
                             request_token(
                                 inner,
                                 namespace,
                                 service_account,
-                                pod.as_ref(),
+                                &bind_to,
                                 request.deadline,
                             )
                             .await?
@@ -253,15 +271,10 @@ pub(super) async fn signing_key(
                             inner.now(),
                         )?;
                         (current.sa_token.clone(), info)
-                    } else if inner.config.token_request {
-                        request_token(
-                            inner,
-                            namespace,
-                            service_account,
-                            current.pod.as_ref(),
-                            deadline,
-                        )
-                        .await?
+                    } else if let (true, Some(pod)) =
+                        (inner.config.token_request, current.pod.as_ref())
+                    {
+                        request_token(inner, namespace, service_account, pod, deadline).await?
                     } else {
                         return Err(not_established());
                     };
@@ -290,7 +303,7 @@ async fn request_token(
     inner: &Inner,
     namespace: &str,
     service_account: &str,
-    pod: Option<&(String, String)>,
+    (pod_name, pod_uid): &(String, String),
     deadline: tokio::time::Instant,
 ) -> Result<(SecretString, TokenInfo), AuthError> {
     let token = inner
@@ -299,7 +312,7 @@ async fn request_token(
             namespace,
             service_account,
             &inner.config.workload_audience,
-            pod.map(|(n, u)| (n.as_str(), u.as_str())),
+            (pod_name, pod_uid),
             inner.config.token_request_expiration.as_secs(),
             deadline,
         )
@@ -308,7 +321,7 @@ async fn request_token(
         &token,
         namespace,
         service_account,
-        pod.map(|(n, u)| (n.as_str(), u.as_str())),
+        Some((pod_name, pod_uid)),
         inner.now(),
     )?;
     Ok((token, info))

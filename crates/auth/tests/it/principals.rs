@@ -112,6 +112,7 @@ fn request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
         service_account: Some(service_account.into()),
         service_account_tokens: BTreeMap::new(),
         deadline: deadline(),
+        caller: oci_csi_auth::Caller::Driver,
     }
 }
 
@@ -883,6 +884,105 @@ async fn missing_driver_token_without_token_requests_is_unauthenticated() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     assert_eq!(fx.emu.stats().total_token_requests(), 0);
+}
+
+/// A mount from the secrets-store-sync-controller: its own pod in its own namespace, the
+/// SecretSync's namespace and service account.
+fn sync_request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
+    IdentityRequest {
+        pod_name: Some("secrets-store-sync-controller-manager-5d4f".into()),
+        pod_uid: Some("c0ffee00-0000-4000-8000-000000000001".into()),
+        caller: oci_csi_auth::Caller::SyncController,
+        ..request(kind, service_account)
+    }
+}
+
+#[tokio::test]
+async fn the_sync_controllers_unbound_token_is_the_service_accounts_identity() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    // What the controller's TokenRequest returns: the service account's claims, no pod.
+    let token = fx
+        .emu
+        .issue_service_account_token(NS, SA, Duration::from_secs(600), None)
+        .unwrap();
+    let established = fx
+        .principals
+        .establish(&with_token(
+            sync_request(PrincipalKind::Workload, SA),
+            token,
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(
+        established.identity(),
+        Identity::Workload { ref namespace, ref service_account, .. }
+            if namespace == NS && service_account == SA
+    ));
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    assert_eq!(fx.emu.stats().total_token_requests(), 0);
+
+    // A token bound to a pod must still be bound to the pod the request names.
+    let bound = sa_token(&fx, SA, Duration::from_secs(600));
+    let error = fx
+        .principals
+        .establish(&with_token(
+            sync_request(PrincipalKind::Workload, SA),
+            bound,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    assert!(
+        error.to_string().contains("bound to another pod"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_token_the_sync_controller_is_told_its_flag_and_no_token_is_requested() {
+    // TokenRequest is enabled: the driver's mounts would use it, the controller's may not.
+    let fx = start(base_seed(), |c, _| c.workload_audience = "oci".into()).await;
+    let mut asked = sync_request(PrincipalKind::Workload, SA);
+    asked
+        .service_account_tokens
+        .insert("api://other".into(), SecretString::from("x.y.z"));
+    let error = fx.principals.establish(&asked).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("--token-request-audience=oci")
+            && message.contains("[\"api://other\"]")
+            && !message.contains("x.y.z"),
+        "{message}"
+    );
+    assert_eq!(fx.emu.stats().total_token_requests(), 0);
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), 0);
+}
+
+#[tokio::test]
+async fn a_forbidden_user_secret_names_whose_rbac_to_change() {
+    let fx = user_fixture().await;
+    for (request, fragment) in [
+        (user_request(), "grant it get on Secrets in"),
+        (
+            sync_request(
+                PrincipalKind::User {
+                    secret_name: "oci-config".into(),
+                },
+                SA,
+            ),
+            "runs as the controller's service account",
+        ),
+    ] {
+        fx.emu.script(Endpoint::Kube, [testkit::Fault::Status(403)]);
+        let error = fx.principals.establish(&request).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::PermissionDenied, "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("Secret {NS}/oci-config")) && message.contains(fragment),
+            "{message}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
