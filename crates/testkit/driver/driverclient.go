@@ -9,6 +9,14 @@
 // (WithAuthority("localhost")). Messages are encoded with protowire, field by field as in
 // provider/v1alpha1/service.proto, so no generated code is needed.
 //
+// "sync-controller" dials as the secrets-store-sync-controller v0.0.4 does
+// (pkg/provider/provider_client.go): grpc.NewClient("unix://"+path) with its service config
+// (waitForReady, 3 attempts on UNAVAILABLE) and a 4 MiB receive limit, then Mount calls
+// with no deadline and no Version call at all. Debian's grpc-go 1.33 has neither NewClient
+// nor the unix resolver, so the same wire is made with a unix dialer and
+// WithAuthority("localhost") (what the unix resolver sets), and retries are switched on
+// with GRPC_GO_RETRY=on (the default from grpc-go 1.40).
+//
 // It prints one JSON summary on stdout and exits 1 if any call failed.
 package main
 
@@ -62,16 +70,34 @@ type mountResult struct {
 }
 
 type summary struct {
-	Driver    string            `json:"driver"`
-	Dial      string            `json:"dial"`
-	Authority string            `json:"authority"`
-	Version   map[string]string `json:"version"`
-	Mounts    int               `json:"mounts"`
-	Failures  []string          `json:"failures"`
-	Results   []mountResult     `json:"results"`
-	P50Micros int64             `json:"p50_us"`
-	P99Micros int64             `json:"p99_us"`
+	Driver       string            `json:"driver"`
+	DeadlineSent bool              `json:"deadline_sent"`
+	Dial         string            `json:"dial"`
+	Authority    string            `json:"authority"`
+	Version      map[string]string `json:"version"`
+	Mounts       int               `json:"mounts"`
+	Failures     []string          `json:"failures"`
+	Results      []mountResult     `json:"results"`
+	P50Micros    int64             `json:"p50_us"`
+	P99Micros    int64             `json:"p99_us"`
 }
+
+// syncControllerServiceConfig is the controller's ServiceConfig (provider_client.go).
+const syncControllerServiceConfig = `{
+	"methodConfig": [
+		{
+			"name": [{"service": "v1alpha1.CSIDriverProvider"}],
+			"waitForReady": true,
+			"retryPolicy": {
+				"MaxAttempts": 3,
+				"InitialBackoff": "1s",
+				"MaxBackoff": "10s",
+				"BackoffMultiplier": 1.1,
+				"RetryableStatusCodes": [ "UNAVAILABLE" ]
+			}
+		}
+	]
+}`
 
 // rawCodec passes already-encoded protobuf bytes through grpc-go unchanged.
 type rawCodec struct{}
@@ -230,8 +256,13 @@ func main() {
 	dialOverride := flag.String("dial", "", "socket-path (drivers v1.0 to v1.5.x) or localhost (v1.6.0); default: the fixture's")
 	repeat := flag.Int("repeat", 1, "how many times each request is sent, on the same connection")
 	keep := flag.Int("keep", 1000, "results kept in the summary")
-	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each call (sent as grpc-timeout)")
+	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each call (sent as grpc-timeout; the sync controller sends none)")
+	watchdog := flag.Duration("watchdog", 60*time.Second, "exit 3 if the whole run takes longer (calls without a deadline could wait forever)")
 	flag.Parse()
+	time.AfterFunc(*watchdog, func() {
+		fmt.Fprintln(os.Stderr, "watchdog: no answer within", *watchdog)
+		os.Exit(3)
+	})
 
 	raw, err := ioutil.ReadFile(*fixturePath)
 	if err != nil {
@@ -257,11 +288,16 @@ func main() {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4 * 1024 * 1024)),
 	}
 	authority := *socket
+	deadline := true
 	switch dial {
 	case "socket-path":
 	case "localhost":
 		opts = append(opts, grpc.WithAuthority("localhost"))
 		authority = "localhost"
+	case "sync-controller":
+		opts = append(opts, grpc.WithAuthority("localhost"), grpc.WithDefaultServiceConfig(syncControllerServiceConfig))
+		authority = "localhost"
+		deadline = false
 	default:
 		fmt.Fprintf(os.Stderr, "unknown dial mode %q\n", dial)
 		os.Exit(2)
@@ -273,20 +309,27 @@ func main() {
 	}
 	defer conn.Close()
 
-	s := summary{Driver: fx.Driver, Dial: dial, Authority: authority, Failures: []string{}}
+	s := summary{Driver: fx.Driver, Dial: dial, Authority: authority, DeadlineSent: deadline, Failures: []string{}}
 	call := func(method string, in []byte) ([]byte, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-		defer cancel()
+		ctx := context.Background()
+		if deadline {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, *timeout)
+			defer cancel()
+		}
 		var out []byte
 		err := conn.Invoke(ctx, "/v1alpha1.CSIDriverProvider/"+method, &in, &out, grpc.ForceCodec(rawCodec{}))
 		return out, err
 	}
 
-	versionRequest := appendString(nil, 1, "v1alpha1")
-	if out, err := call("Version", versionRequest); err != nil {
-		s.Failures = append(s.Failures, "Version: "+err.Error())
-	} else if s.Version, err = decodeVersion(out); err != nil {
-		s.Failures = append(s.Failures, "Version: "+err.Error())
+	// The sync controller never calls Version (v0.0.4 defines HealthCheck but never starts it).
+	if dial != "sync-controller" {
+		versionRequest := appendString(nil, 1, "v1alpha1")
+		if out, err := call("Version", versionRequest); err != nil {
+			s.Failures = append(s.Failures, "Version: "+err.Error())
+		} else if s.Version, err = decodeVersion(out); err != nil {
+			s.Failures = append(s.Failures, "Version: "+err.Error())
+		}
 	}
 
 	var durations []time.Duration

@@ -3,7 +3,8 @@
 //! `golang-google-grpc-dev` offline (GO111MODULE=off, GOPATH=/usr/share/gocode).
 //!
 //! It dials as a driver does (`socket-path`: the socket path as `:authority`, drivers v1.0
-//! to v1.5.x; `localhost`: v1.6.0), replays a JSON fixture of Mount requests on one
+//! to v1.5.x; `localhost`: v1.6.0; `sync-controller`: the secrets-store-sync-controller,
+//! with its service config, no deadline and no Version call), replays a JSON fixture of Mount requests on one
 //! connection and prints a JSON summary (Version, each answer's files with size and FNV-1a
 //! checksum, failures, latency p50/p99).
 
@@ -95,7 +96,8 @@ impl DriverClient {
     }
 
     /// Runs the client on `socket` with the fixture at `fixture` and extra flags
-    /// (`-repeat N`, `-dial socket-path|localhost`, `-keep N`, `-timeout 10s`). Returns the
+    /// (`-repeat N`, `-dial socket-path|localhost|sync-controller`, `-keep N`, `-timeout 10s`,
+    /// `-watchdog 60s`). Returns the
     /// summary and whether every call succeeded.
     pub async fn run(
         &self,
@@ -109,6 +111,9 @@ impl DriverClient {
             .arg("-fixture")
             .arg(fixture)
             .args(args)
+            // The sync controller's retry policy; on by default from grpc-go 1.40, Debian's
+            // is 1.33.
+            .env("GRPC_GO_RETRY", "on")
             .output()
             .await
             .map_err(|e| DriverError::Run(e.to_string()))?;

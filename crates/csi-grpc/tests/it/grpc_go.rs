@@ -1,7 +1,8 @@
 //! The real grpc-go library against our socket, dialled as each driver version dials:
 //! the socket path as `:authority` (drivers v1.0 to v1.5.x) and `localhost` (v1.6.0).
 //! The client is the testkit's `driver/driverclient.go`, built with Debian's `golang-go` +
-//! `golang-google-grpc-dev` (offline, GOPATH mode); `.ci/run` installs them.
+//! `golang-google-grpc-dev` (offline, GOPATH mode); `.ci/run` installs them. The same client
+//! dials as the secrets-store-sync-controller v0.0.4 does (no deadline, no `Version`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,8 +22,14 @@ fn driver_client() -> Option<DriverClient> {
     DriverClient::for_tests(env!("CARGO_TARGET_TMPDIR"))
 }
 
+/// `version` is a driver version (`v1.6`) or `sync-controller/v0.0.4`.
 fn fixture_path(version: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/driver/{version}.json"))
+    let name = if version.contains('/') {
+        version.to_owned()
+    } else {
+        format!("driver/{version}")
+    };
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{name}.json"))
 }
 
 fn fixture(version: &str) -> Value {
@@ -32,6 +39,7 @@ fn fixture(version: &str) -> Value {
 /// What the fake provider saw of one mount, to compare with the fixture's `expect`.
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
+    caller: &'static str,
     pod_namespace: Option<String>,
     pod_name: Option<String>,
     service_account: Option<String>,
@@ -65,6 +73,7 @@ fn recording_provider(
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
             seen.lock().unwrap().push(Seen {
+                caller: req.caller.as_str(),
                 pod_namespace: req.pod.namespace.clone(),
                 pod_name: req.pod.name.clone(),
                 service_account: req.pod.service_account.clone(),
@@ -97,6 +106,10 @@ fn expected(request: &Value) -> Seen {
     let e = &request["expect"];
     let s = |k: &str| e[k].as_str().map(str::to_owned);
     Seen {
+        caller: match e["caller"].as_str() {
+            Some("sync-controller") => "sync-controller",
+            _ => "driver",
+        },
         pod_namespace: s("pod_namespace"),
         pod_name: s("pod_name"),
         service_account: s("service_account"),
@@ -154,8 +167,15 @@ async fn replay(version: &str, repeat: usize) {
     } else {
         assert_eq!(authority, "localhost");
     }
-    assert_eq!(summary["version"]["version"], "v1alpha1");
-    assert_eq!(summary["version"]["runtime_name"], "test-provider");
+    if dial == "sync-controller" {
+        // Mounts without a grpc-timeout and without a Version call first.
+        assert_eq!(summary["deadline_sent"], false);
+        assert!(summary["version"].is_null(), "{summary}");
+    } else {
+        assert_eq!(summary["deadline_sent"], true);
+        assert_eq!(summary["version"]["version"], "v1alpha1");
+        assert_eq!(summary["version"]["runtime_name"], "test-provider");
+    }
     assert_eq!(
         summary["mounts"].as_u64().unwrap() as usize,
         requests.len() * repeat
@@ -222,6 +242,64 @@ async fn driver_v1_5_with_the_socket_path_as_authority() {
 #[tokio::test]
 async fn driver_v1_6_with_localhost_many_mounts_on_one_connection() {
     replay("v1.6", 34).await;
+}
+
+#[tokio::test]
+async fn sync_controller_v0_0_4_without_deadline_or_version_with_and_without_tokens() {
+    replay("sync-controller/v0.0.4", 5).await;
+}
+
+/// The controller's calls carry no `grpc-timeout`: each mount gets the provider's default
+/// deadline, and a mount that would never end is answered DeadlineExceeded at that
+/// deadline instead of holding the controller's only reconcile worker forever.
+#[tokio::test]
+async fn a_sync_controller_mount_without_a_deadline_gets_the_providers_own() {
+    let Some(client) = driver_client() else {
+        return;
+    };
+    let limits = MountLimits {
+        default_deadline: Duration::from_secs(2),
+        ..MountLimits::default()
+    };
+    let given = Arc::new(Mutex::new(Vec::new()));
+    let recorded = given.clone();
+    let provider = tower::service_fn(move |req: MountRequest| {
+        let recorded = recorded.clone();
+        async move {
+            recorded.lock().unwrap().push(
+                req.deadline
+                    .saturating_duration_since(tokio::time::Instant::now()),
+            );
+            std::future::pending::<Result<MountResponse, MountError>>().await
+        }
+    });
+    let server = start(provider, limits, Duration::from_secs(1));
+    let mut fx = fixture("sync-controller/v0.0.4");
+    fx["requests"] = Value::Array(vec![fx["requests"][0].clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stall.json");
+    std::fs::write(&path, fx.to_string()).unwrap();
+    let (summary, ok) = client
+        .run(&server.path, &path, &["-watchdog", "30s"])
+        .await
+        .unwrap();
+    assert!(!ok, "{summary}");
+    let failures = summary["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{summary}");
+    let failure = failures[0].as_str().unwrap();
+    assert!(failure.contains("DeadlineExceeded"), "{failure}");
+    let given = given.lock().unwrap().clone();
+    assert_eq!(
+        given.len(),
+        1,
+        "one mount (DeadlineExceeded is not retried)"
+    );
+    assert!(
+        given[0] <= Duration::from_secs(2) && given[0] > Duration::from_secs(1),
+        "the mount was given {:?}, not the 2 s default",
+        given[0]
+    );
+    server.stop().await;
 }
 
 #[tokio::test]
