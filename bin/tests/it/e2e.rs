@@ -666,6 +666,139 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
     }
 }
 
+/// What `/mnt/secrets-store` holds on this machine (None: it does not exist).
+fn sync_controller_target() -> Option<Vec<std::path::PathBuf>> {
+    let dir = std::fs::read_dir(csi_grpc::SYNC_CONTROLLER_TARGET_PATH).ok()?;
+    let mut entries: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    Some(entries)
+}
+
+/// The real grpc-go library dialled as the secrets-store-sync-controller v0.0.4 dials (no
+/// deadline, no Version), against the binary and the emulator: the controller's request
+/// shape (its own pod, the SecretSync's namespace and service account, secrets "{}",
+/// target_path /mnt/secrets-store) mounts real secrets and a certificate for a
+/// kubernetes.io/tls Secret, with its unbound token and with the instance principal; without
+/// a token, workload identity tells which flag the controller needs, and no TokenRequest is
+/// made. Every file is in the answer; none is written to /mnt/secrets-store.
+#[tokio::test]
+async fn grpc_go_mounts_for_the_sync_controller_as_it_dials() {
+    let Some(driver) = testkit::DriverClient::for_tests(env!("CARGO_TARGET_TMPDIR")) else {
+        return;
+    };
+    let emu = emulator(1).await;
+    let provider = provider(
+        &emu,
+        &[],
+        &[("OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE", "oci-vault")],
+    )
+    .await;
+    let target_before = sync_controller_target();
+    // What the controller's TokenRequest returns: 600 s, bound to no pod.
+    let token = emu
+        .issue_service_account_token(NAMESPACE, "sa-0", Duration::from_secs(600), None)
+        .unwrap();
+    let tokens =
+        json!({"oci-vault": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}})
+            .to_string();
+    let request = |name: &str, auth_type: &str, secrets: &str, tokens: Option<&str>| {
+        let mut attributes = json!({
+            "secrets": secrets,
+            "vaultId": VAULT,
+            "authType": auth_type,
+            "csi.storage.k8s.io/pod.name": "secrets-store-sync-controller-manager-6f8c9d7b5-q2w4e",
+            "csi.storage.k8s.io/pod.uid": "7b1e0c2d-4f3a-4e5b-9c6d-1a2b3c4d5e6f",
+            "csi.storage.k8s.io/pod.namespace": NAMESPACE,
+            "csi.storage.k8s.io/serviceAccount.name": "sa-0",
+        });
+        if let Some(tokens) = tokens {
+            attributes["csi.storage.k8s.io/serviceAccount.tokens"] = json!(tokens);
+        }
+        json!({
+            "name": name,
+            "attributes": attributes,
+            "secrets": {},
+            "target_path": "/mnt/secrets-store",
+            "permission": "420",
+        })
+    };
+    let secret = "- name: db-password\n";
+    let certificate = format!("- certificateId: {CERT_WEB}\n  privateKey: true\n  directory: .\n");
+    let fixture = json!({"dial": "sync-controller", "requests": [
+        request("workload identity with the controller's token", "workload", secret, Some(&tokens)),
+        request("instance principal, no tokens", "instance", secret, None),
+        request("a certificate for a kubernetes.io/tls Secret", "instance", &certificate, None),
+    ]});
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sync.json");
+    std::fs::write(&path, fixture.to_string()).unwrap();
+    let (summary, ok) = driver
+        .run(&provider.socket, &path, &["-repeat", "3"])
+        .await
+        .unwrap();
+    assert!(ok, "{summary}");
+    assert_eq!(summary["deadline_sent"], false);
+    assert!(summary["version"].is_null(), "no Version call: {summary}");
+    let results = summary["results"].as_array().unwrap();
+    assert_eq!(results.len(), 9);
+    for result in results {
+        let files: Vec<(&str, u64)> = result["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["path"].as_str().unwrap(), f["size"].as_u64().unwrap()))
+            .collect();
+        let versions: Vec<(&str, &str)> = result["object_versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["id"].as_str().unwrap(), v["version"].as_str().unwrap()))
+            .collect();
+        if result["request"].as_str().unwrap().contains("certificate") {
+            // Names a sourcePath can take (no directory), as the TLS Secret's keys expect.
+            let names: Vec<&str> = files.iter().map(|f| f.0).collect();
+            assert_eq!(names, ["tls.crt", "ca.crt", "tls.key"], "{result}");
+            assert!(files.iter().all(|f| f.1 > 0), "{result}");
+            assert_eq!(versions, [(CERT_WEB, "1")]);
+        } else {
+            assert_eq!(
+                files,
+                [("db-password", SECRET_BYTES.len() as u64)],
+                "{result}"
+            );
+            assert_eq!(
+                result["files"][0]["checksum"].as_u64().unwrap() as u32,
+                testkit::fnv1a(SECRET_BYTES.as_bytes())
+            );
+            assert_eq!(versions, [("ocid1.vaultsecret.oc1.iad.db", "2")]);
+        }
+    }
+
+    // Without --token-request-audience the controller sends no token: told so, and the
+    // provider requests none (it could not bind one to a pod of that namespace).
+    let before = emu.stats().total_token_requests();
+    let fixture = json!({"dial": "sync-controller", "requests": [
+        request("workload identity without tokens", "workload", secret, None),
+    ]});
+    std::fs::write(&path, fixture.to_string()).unwrap();
+    let (summary, ok) = driver.run(&provider.socket, &path, &[]).await.unwrap();
+    assert!(!ok);
+    let failure = summary["failures"][0].as_str().unwrap();
+    assert!(
+        failure.contains("Unauthenticated")
+            && failure.contains("--token-request-audience=oci-vault"),
+        "{failure}"
+    );
+    assert_eq!(emu.stats().total_token_requests(), before);
+
+    assert_eq!(
+        sync_controller_target(),
+        target_before,
+        "nothing is written to the controller's target_path"
+    );
+    assert!(provider.terminate().await.status.success());
+}
+
 /// The real grpc-go library dialled as each driver version dials, against the binary and
 /// the emulator: requests shaped as v1.0 (empty tokens attribute, the provider's own
 /// TokenRequest), v1.1 to v1.5 (kubelet tokens, the rotation reconciler's object versions)

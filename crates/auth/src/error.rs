@@ -361,6 +361,16 @@ fn no_token_message(
             "no service-account token for audience {audience:?} was supplied by the driver for \
              {namespace}/{service_account}{sent} and token requests are disabled"
         ),
+        // The controller asks only for named audiences: "" (the API server's default) is
+        // what it cannot send.
+        crate::Caller::SyncController if audience.is_empty() => format!(
+            "the secrets-store-sync-controller sent no service-account token for \
+             {namespace}/{service_account}{sent}, and it cannot send one for this provider's \
+             audience, the API server's default (auth.workload_audience is empty): set \
+             auth.workload_audience of this sidecar to an audience your API server accepts \
+             (without --api-audiences, its service-account issuer) and start the controller \
+             with --token-request-audience set to the same (its chart's tokenRequestAudience)"
+        ),
         crate::Caller::SyncController => format!(
             "the secrets-store-sync-controller sent no service-account token for audience \
              {audience:?} for {namespace}/{service_account}{sent}: start it with \

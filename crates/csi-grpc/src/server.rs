@@ -287,6 +287,7 @@ where
             request.pod.namespace.as_deref().unwrap_or(""),
         );
         span.record("pod.name", request.pod.name.as_deref().unwrap_or(""));
+        span.record("caller", request.caller.as_str());
         span.record(
             "spc",
             request
@@ -415,6 +416,7 @@ where
             rpc.grpc.status_code = tracing::field::Empty,
             pod.namespace = tracing::field::Empty,
             pod.name = tracing::field::Empty,
+            caller = tracing::field::Empty,
             spc = tracing::field::Empty,
             secrets = tracing::field::Empty,
             upstream_calls = tracing::field::Empty,

@@ -968,9 +968,12 @@ fn check_certificate(
     )?;
     let selector = parse_selector(index, item, &id)?;
     let private_key = item.private_key.unwrap_or(false);
+    // `.`: the files at the top of the mount, for the sync controller, whose `sourcePath`
+    // cannot name a file in a directory.
     let directory = match item.directory.as_deref().map(str::trim) {
-        Some(d) if !d.is_empty() => d.trim_end_matches('/').to_owned(),
-        _ => id.rsplit('.').next().unwrap_or(&id).to_owned(),
+        Some(".") => None,
+        Some(d) if !d.is_empty() => Some(d.trim_end_matches('/').to_owned()),
+        _ => Some(id.rsplit('.').next().unwrap_or(&id).to_owned()),
     };
     let file = |key: &str, given: &Option<String>, default: &str| -> Result<FilePath, ParamError> {
         let name = given
@@ -978,7 +981,11 @@ fn check_certificate(
             .map(str::trim)
             .filter(|n| !n.is_empty())
             .unwrap_or(default);
-        FilePath::new(format!("{directory}/{name}")).map_err(|e| {
+        let path = match &directory {
+            Some(directory) => format!("{directory}/{name}"),
+            None => name.to_owned(),
+        };
+        FilePath::new(path).map_err(|e| {
             ParamError(format!(
                 "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{key}: {e}"
             ))

@@ -957,6 +957,21 @@ async fn without_a_token_the_sync_controller_is_told_its_flag_and_no_token_is_re
     );
     assert_eq!(fx.emu.stats().total_token_requests(), 0);
     assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), 0);
+
+    // With the API server's default audience ("") the controller has no flag to ask for it.
+    let fx = start(base_seed(), |_, _| {}).await;
+    let error = fx
+        .principals
+        .establish(&sync_request(PrincipalKind::Workload, SA))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("set auth.workload_audience of this sidecar"),
+        "{error}"
+    );
+    assert_eq!(fx.emu.stats().total_token_requests(), 0);
 }
 
 #[tokio::test]

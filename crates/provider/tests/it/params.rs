@@ -347,6 +347,24 @@ fn certificate_entries_parse_beside_secrets_keeping_their_positions() {
     )
     .unwrap();
     assert!(params.certificates[0].key_path.is_none());
+    // `directory: .` puts them at the top (the sync controller's sourcePath has no `/`).
+    let params = MountParameters::parse(
+        &attrs(
+            "- certificateId: ocid1.certificate.oc1.iad.web\n  privateKey: true\n  directory: .\n\
+             - caBundleId: ocid1.cabundle.oc1.iad.roots\n  directory: .\n  chainFileName: roots.pem\n",
+            &[],
+        ),
+        &pod(),
+    )
+    .unwrap();
+    assert_eq!(
+        params
+            .certificates
+            .iter()
+            .map(|c| c.files().map(|f| f.as_str().to_owned()).collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+        vec![vec!["tls.crt", "ca.crt", "tls.key"], vec!["roots.pem"]]
+    );
 }
 
 #[test]
