@@ -13,7 +13,11 @@ offline (kubernetes-validate).
 - deploy/provider.yaml is the default rendering without the driver, and
   deploy/tests/rendered-args.json the provider container's args and env of the default and
   Go-values renderings (the provider's own tests parse them with its real flag and config
-  code); the vendored driver chart matches Chart.lock.
+  code); the vendored driver chart matches Chart.lock;
+- the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
+  our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
+  controller's chart has no values schema); its container's args and env go in
+  rendered-args.json too.
 
 `python3 deploy/check.py --write` regenerates the two generated files.
 Needs: pip install helm-python-sdk kubernetes-validate pyyaml
@@ -40,6 +44,11 @@ KUBE_VERSIONS = ["1.30.0", "1.33.0", "1.35.0"]
 RELEASE, NAMESPACE = "oci-provider", "kube-system"
 PROVIDER = "oci-secrets-store-csi-driver-provider"
 MIB = 1024 * 1024
+# The secrets-store-sync-controller's chart (vendored by deploy/vendor_sync_controller_chart.py)
+# and our sidecar block for it.
+SYNC_CHART = TESTS / "charts" / "secrets-store-sync-controller-0.0.4.tgz"
+SYNC_VALUES = HERE / "sync-controller" / "values.yaml"
+SYNC_DEPLOYMENT = "secrets-store-sync-controller-manager"
 
 failures = []
 
@@ -55,11 +64,11 @@ def values_file(name):
     return helm_python.values_from_yaml((TESTS / name).read_text())
 
 
-def render(values, kube_version=None):
+def render(values, kube_version=None, chart_path=CHART, release=RELEASE, namespace=NAMESPACE):
     # Chart.render has no kube_version; the native call it wraps takes Helm's option (what
     # `helm template --kube-version` sets), which the driver chart's templates look at.
-    opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "kube_version": "v" + (kube_version or KUBE_VERSIONS[0])}
-    with helm_python.Chart.load(str(CHART)) as chart:
+    opts = {"name": release, "namespace": namespace, "is_install": True, "kube_version": "v" + (kube_version or KUBE_VERSIONS[0])}
+    with helm_python.Chart.load(str(chart_path)) as chart:
         rendered = json.loads(helm_python._native.call_string(
             "helm_render", chart._raw(), json.dumps(values) if values is not None else None, json.dumps(opts)))
     docs = []
@@ -110,6 +119,9 @@ def ours(docs):
 
 def provider_container(docs):
     ds = find(docs, "DaemonSet", PROVIDER)
+    if ds is None:
+        # The sync controller's Deployment with our sidecar first.
+        ds = find(docs, "Deployment", SYNC_DEPLOYMENT)
     return ds["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -327,6 +339,62 @@ def network_policy():
     check(find(validated(None, "defaults"), "NetworkPolicy") is None, "no NetworkPolicy by default")
 
 
+def sync_controller():
+    """deploy/sync-controller/values.yaml in the controller's own chart: every object valid for
+    each Kubernetes version, our sidecar first in the controller's pod with the socket where
+    the controller dials, the controller's token audience the sidecar's, ports apart, the
+    memory model kept."""
+    if not check(SYNC_CHART.exists(), f"{SYNC_CHART.relative_to(HERE.parent)} is missing: run deploy/vendor_sync_controller_chart.py"):
+        return None
+    values = helm_python.values_from_yaml(SYNC_VALUES.read_text())
+    label = "sync controller sidecar"
+    for version in KUBE_VERSIONS:
+        for path, doc in render(values, version, SYNC_CHART, "secrets-sync-controller", "secrets-store-sync-controller-system"):
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"{label}: Kubernetes {version}: {path} {doc.get('kind')}: {e.message} at {list(e.path)}")
+    docs = render(values, None, SYNC_CHART, "secrets-sync-controller", "secrets-store-sync-controller-system")
+    deployment = find(docs, "Deployment", SYNC_DEPLOYMENT)
+    if not check(deployment is not None, f"{label}: no Deployment {SYNC_DEPLOYMENT}"):
+        return None
+    pod = deployment["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["containers"]]
+    check(names == ["oci-provider", "manager"], f"{label}: containers {names}")
+    ours_, manager = pod["containers"][0], pod["containers"][1]
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    check(ours_["image"] == f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}",
+          f"{label}: image {ours_['image']}, the chart's appVersion is {chart_meta['appVersion']}")
+    check("--endpoint=unix:///provider/oci.sock" in ours_["args"], f"{label}: socket {ours_['args']}")
+    check("--provider-volume=/provider" in manager["args"], f"{label}: the controller scans {manager['args']}")
+    volume = {m["name"]: m["mountPath"] for m in ours_["volumeMounts"]}
+    check(volume == {"providervol": "/provider"}, f"{label}: volume mounts {volume}")
+    check({"name": "providervol", "hostPath": {"path": "/var/run/secrets-store-sync-providers", "type": "DirectoryOrCreate"}}
+          in pod["volumes"], f"{label}: volumes {pod['volumes']}")
+    env = env_of(ours_)
+    audience = [a.split("=", 1)[1] for a in manager["args"] if a.startswith("--token-request-audience=")]
+    check(audience == [env.get("OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE")] and audience[0],
+          f"{label}: the controller asks for {audience}, the sidecar expects {env.get('OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE')!r}")
+    check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == "false", f"{label}: token requests {env}")
+    sc = ours_["securityContext"]
+    check(sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+          and sc["runAsUser"] == 0, f"{label}: securityContext {sc}")
+    ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
+    manager_ports = {8081}  # --health-probe-bind-address, besides its metrics port above
+    ours_ports = [p["containerPort"] for p in ours_["ports"]]
+    check(len(set(ports)) == len(ports) and not manager_ports & set(ours_ports), f"{label}: ports {ports}")
+    check(ours_["readinessProbe"]["httpGet"]["path"] == "/readyz", f"{label}: readiness probe")
+    problem = memory_model(docs, 24)
+    check(problem is None, f"{label}: {problem}")
+    # What the controller's role grants the sidecar (it runs as the controller's account):
+    # no get on Secrets, which is why the values switch the user principal off.
+    role = find(docs, "ClusterRole", "secrets-store-sync-controller-manager-role")
+    verbs = {v for r in role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
+    check("get" not in verbs, f"{label}: the controller may get Secrets now ({verbs}): revisit the user principal advice")
+    check(env.get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == "[instance, workload]", f"{label}: allowed types {env}")
+    return docs
+
+
 def without_driver():
     docs = validated({"secrets-store-csi-driver": {"install": False}}, "without the driver")
     check(all(not p.startswith(f"{PROVIDER}/charts/") for p, _ in docs), "install: false still renders the driver")
@@ -405,15 +473,20 @@ def main():
     go = go_values()
     every_value()
     network_policy()
+    sync_docs = sync_controller()
     plain_docs = without_driver()
     refusals()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
-    generated(ARGS, args_file({"defaults": defaults, "go-chart-values": go}), write)
+    renders = {"defaults": defaults, "go-chart-values": go}
+    if sync_docs is not None:
+        renders["sync-controller-sidecar"] = sync_docs
+    generated(ARGS, args_file(renders), write)
     if failures:
         sys.exit("deploy checks failed:\n  " + "\n  ".join(failures))
     print(f"deploy: chart lints clean, every rendering valid for Kubernetes {' and '.join(KUBE_VERSIONS)}, "
-          f"Go values and every value render as expected, misspelt values refused, generated files in sync")
+          f"Go values and every value render as expected, misspelt values refused, the sync controller's chart "
+          f"renders our sidecar, generated files in sync")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,25 @@ def lock_text(req, generated):
     return yaml.safe_dump(body, sort_keys=False)
 
 
+def package_from_git(source, tag, name, want_version, out):
+    """Packages `charts/<name>` of the git repository `source` (a clone or bare mirror) at
+    `tag` into `out` with the real Helm engine, replacing older packages of it."""
+    git_dir = source if source.endswith(".git") or pathlib.Path(source, "HEAD").exists() else str(pathlib.Path(source, ".git"))
+    archive = subprocess.run(["git", "--git-dir", git_dir, "archive", "--format=tar", tag, f"charts/{name}"],
+                             check=True, capture_output=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        src = pathlib.Path(tmp, "charts", name)
+        version = yaml.safe_load((src / "Chart.yaml").read_text())["version"]
+        if version != want_version:
+            sys.exit(f"{tag} has chart version {version}, not {want_version}")
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob(f"{name}-*.tgz"):
+            old.unlink()
+        return helm_python.package(str(src), destination=str(out))
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -60,20 +79,7 @@ def main():
     (req,) = requirements()
     if tag.lstrip("v") != req["version"]:
         sys.exit(f"Chart.yaml asks for {NAME} {req['version']}, not {tag}")
-    archive = subprocess.run(["git", "--git-dir", source if source.endswith(".git") or pathlib.Path(source, "HEAD").exists() else str(pathlib.Path(source, ".git")),
-                              "archive", "--format=tar", tag, f"charts/{NAME}"], check=True, capture_output=True).stdout
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
-        src = pathlib.Path(tmp, "charts", NAME)
-        version = yaml.safe_load((src / "Chart.yaml").read_text())["version"]
-        if version != req["version"]:
-            sys.exit(f"{tag} has chart version {version}")
-        out = CHART / "charts"
-        out.mkdir(exist_ok=True)
-        for old in out.glob(f"{NAME}-*.tgz"):
-            old.unlink()
-        path = helm_python.package(str(src), destination=str(out))
+    path = package_from_git(source, tag, NAME, req["version"], CHART / "charts")
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
     (CHART / "Chart.lock").write_text(lock_text([req], generated))
     print(f"{pathlib.Path(path).relative_to(HERE.parent)} ({helm_python.digest(path)}), Chart.lock written")

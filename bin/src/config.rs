@@ -833,6 +833,23 @@ mod tests {
         assert_eq!(load("defaults").server.max_in_flight_bytes, 32 << 20);
         assert_eq!(load("go-chart-values").server.max_in_flight_bytes, 25 << 20);
         assert_eq!(load("go-chart-values").cache.bundle_max_bytes, 16 << 20);
+
+        // The sync controller's sidecar (deploy/sync-controller/values.yaml in its chart):
+        // the socket the controller dials, the audience it asks tokens for, no TokenRequests,
+        // no user principal (the controller's account may not get Secrets).
+        let sidecar = load("sync-controller-sidecar");
+        assert_eq!(sidecar.server.endpoint, "unix:///provider/oci.sock");
+        assert_eq!(sidecar.server.endpoint_permissions, OctalMode(0o600));
+        assert_eq!(
+            sidecar.auth.workload_audience,
+            "https://kubernetes.default.svc.cluster.local"
+        );
+        assert!(!sidecar.auth.token_request);
+        assert_eq!(
+            sidecar.auth.allowed_types,
+            [provider::AuthType::Instance, provider::AuthType::Workload]
+        );
+        assert_eq!(sidecar.server.allowed_peer_uids, [0]);
     }
 
     #[test]

@@ -26,6 +26,8 @@ and its tags stay as they were. --skip-tests leaves out the test run.";
 
 const CHART: &str = "deploy/helm/oci-secrets-store-csi-driver-provider/Chart.yaml";
 const PLAIN: &str = "deploy/provider.yaml";
+/// The sync controller's sidecar block names our image too.
+const SIDECAR: &str = "deploy/sync-controller/values.yaml";
 
 /// Which of the heavy steps run (all of them from the command line; the fixture tests
 /// run the bookkeeping alone).
@@ -436,6 +438,17 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
         std::fs::write(&plain, replaced)?;
         changed.push(PLAIN.to_owned());
     }
+    let sidecar = dir.join(SIDECAR);
+    if sidecar.exists() {
+        let text = std::fs::read_to_string(&sidecar)?;
+        let image = |v: &str| format!("{}:{v}\n", dist::BINARY);
+        let replaced = text.replace(&image(previous), &image(version));
+        if replaced == text {
+            bail!("{SIDECAR} names no {}:{previous} image", dist::BINARY);
+        }
+        std::fs::write(&sidecar, replaced)?;
+        changed.push(SIDECAR.to_owned());
+    }
     Ok(changed)
 }
 
@@ -628,6 +641,10 @@ mod tests {
             PLAIN,
             "metadata:\n  labels:\n    app.kubernetes.io/version: 0.1.0\n    other: {app.kubernetes.io/version: '0.1.0'}\n    helm.sh/chart: oci-secrets-store-csi-driver-provider-0.1.0\nspec:\n  image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
         );
+        write(
+            SIDECAR,
+            "providerContainer:\n  - image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
+        );
         write(".gitignore", "/target\n");
         let status = Command::new(dist::cargo())
             .current_dir(dir)
@@ -693,6 +710,11 @@ mod tests {
         assert!(lock.contains("name = \"b\"\nversion = \"0.2.0\""), "{lock}");
         let chart = std::fs::read_to_string(dir.join(CHART)).unwrap();
         assert!(chart.contains("\nversion: 0.2.0\n") && chart.contains("appVersion: \"0.2.0\""));
+        let sidecar = std::fs::read_to_string(dir.join(SIDECAR)).unwrap();
+        assert!(
+            sidecar.contains("oci-secrets-store-csi-driver-provider:0.2.0\n"),
+            "{sidecar}"
+        );
         let plain = std::fs::read_to_string(dir.join(PLAIN)).unwrap();
         assert!(
             plain.contains("oci-secrets-store-csi-driver-provider:0.2.0"),
