@@ -197,7 +197,7 @@ pub enum AuthError {
     },
     /// No service-account token for the workload audience was supplied, and the provider
     /// may not request one (TokenRequest disabled, or a caller whose mounts are for no pod).
-    #[error("{}", no_token_message(namespace, service_account, audience, *caller, sent))]
+    #[error("{}", no_token_message(namespace, service_account, audience, *caller, sent, *token_requests))]
     NoServiceAccountToken {
         /// Namespace.
         namespace: String,
@@ -209,6 +209,8 @@ pub enum AuthError {
         caller: crate::Caller,
         /// The audiences the caller did send tokens for (names only).
         sent: Vec<String>,
+        /// Whether `auth.token_request` is on (then the mount named no pod to bind to).
+        token_requests: bool,
     },
     /// The provider's own service account may not read the user principal's Secret.
     #[error("{}", secret_forbidden_message(namespace, name, *caller))]
@@ -350,6 +352,7 @@ fn no_token_message(
     audience: &str,
     caller: crate::Caller,
     sent: &[String],
+    token_requests: bool,
 ) -> String {
     let sent = if sent.is_empty() {
         String::new()
@@ -357,6 +360,12 @@ fn no_token_message(
         format!(" (it sent tokens for {sent:?} only)")
     };
     match caller {
+        crate::Caller::Driver if token_requests => format!(
+            "no service-account token for audience {audience:?} was supplied by the driver for \
+             {namespace}/{service_account}{sent}, and the mount names no pod a requested token \
+             could be bound to (csi.storage.k8s.io/pod.name and pod.uid; is podInfoOnMount \
+             enabled on the CSIDriver?)"
+        ),
         crate::Caller::Driver => format!(
             "no service-account token for audience {audience:?} was supplied by the driver for \
              {namespace}/{service_account}{sent} and token requests are disabled"

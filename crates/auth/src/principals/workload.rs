@@ -164,6 +164,7 @@ pub(super) async fn establish(
                 audience: inner.config.workload_audience.clone(),
                 caller: request.caller,
                 sent: request.service_account_tokens.keys().cloned().collect(),
+                token_requests: inner.config.token_request,
             });
         }
     };

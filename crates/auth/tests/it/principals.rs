@@ -883,6 +883,24 @@ async fn missing_driver_token_without_token_requests_is_unauthenticated() {
         .await
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert!(
+        error.to_string().contains("token requests are disabled"),
+        "{error}"
+    );
+    assert_eq!(fx.emu.stats().total_token_requests(), 0);
+}
+
+#[tokio::test]
+async fn a_driver_mount_naming_no_pod_gets_no_unbound_token_request() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let no_pod = IdentityRequest {
+        pod_name: None,
+        pod_uid: None,
+        ..request(PrincipalKind::Workload, SA)
+    };
+    let error = fx.principals.establish(&no_pod).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert!(error.to_string().contains("podInfoOnMount"), "{error}");
     assert_eq!(fx.emu.stats().total_token_requests(), 0);
 }
 
