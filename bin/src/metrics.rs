@@ -377,6 +377,20 @@ impl Collector for CacheSources {
         }
         {
             let mut family = encoder.encode_descriptor(
+                "upstream_gave_up",
+                "Secrets and Certificates calls that failed after their retries, by the reason of \
+                 the last failure (throttled: a 429 the retries did not outlast)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (reason, n) in self.retries.gave_up_snapshot() {
+                ConstCounter::new(n).encode(family.encode_family(&ReasonLabel {
+                    reason: reason.as_str(),
+                })?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
                 "credential_fetches",
                 "Token exchanges and refreshes (and user key loads), by principal kind and result",
                 None,

@@ -461,6 +461,28 @@ async fn scripted_faults_have_exact_outcomes_and_request_counts() {
         started.elapsed()
     );
 
+    // A 429 whose Retry-After the deadline cannot wait for: ResourceExhausted, counted as
+    // given up after retries (what the throttling alert reads).
+    emu.script(
+        Endpoint::Secrets,
+        [Fault::TooManyRequests {
+            retry_after_secs: 30,
+        }],
+    );
+    let mut throttled = tonic::Request::new(request("workload", "sa-0", 3, one));
+    throttled.set_timeout(Duration::from_secs(5));
+    let status = client.mount(throttled).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let metrics = provider.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_upstream_gave_up_total{reason=\"throttled\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+
     // A connection dropped mid-response is retried.
     emu.script(Endpoint::Secrets, [Fault::DropMidResponse]);
     let response = client

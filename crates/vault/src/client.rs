@@ -69,10 +69,12 @@ pub struct VaultClient<S> {
     retries: Arc<Retries>,
 }
 
-/// Retries made by a client (and its clones), by reason.
+/// Retries made by a client (and its clones), by reason, and the calls that failed after
+/// their retries, by the reason of the last failure.
 #[derive(Debug, Default)]
 pub struct Retries {
     counts: [AtomicU64; RetryReason::ALL.len()],
+    gave_up: [AtomicU64; RetryReason::ALL.len()],
 }
 
 /// Why an attempt was retried.
@@ -144,9 +146,27 @@ impl Retries {
             .collect()
     }
 
+    /// Calls that failed after retrying, by the reason of their last failure: `throttled`
+    /// is a 429 the retries did not outlast.
+    pub fn gave_up_snapshot(&self) -> Vec<(RetryReason, u64)> {
+        RetryReason::ALL
+            .iter()
+            .zip(&self.gave_up)
+            .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     fn count(&self, reason: RetryReason) {
+        Self::add(&self.counts, reason);
+    }
+
+    fn count_gave_up(&self, reason: RetryReason) {
+        Self::add(&self.gave_up, reason);
+    }
+
+    fn add(counts: &[AtomicU64; RetryReason::ALL.len()], reason: RetryReason) {
         if let Some(i) = RetryReason::ALL.iter().position(|r| *r == reason) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
+            counts[i].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -404,6 +424,7 @@ where
     }
 
     fn give_up(&self, attempts: u32, stopped: Stopped, last: VaultError) -> VaultError {
+        self.retries.count_gave_up(RetryReason::of(&last));
         tracing::debug!(
             secret = %self.secret,
             principal = %self.request.identity(),
@@ -894,6 +915,43 @@ mod tests {
         assert_eq!(Instant::now(), start);
         assert_eq!(script.times().len(), 1);
         assert_eq!(error.kind(), ErrorKind::ResourceExhausted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_the_retries_did_not_outlast_is_counted_once_as_given_up() {
+        let throttled = reply(
+            429,
+            &[("retry-after", "1")],
+            r#"{"code":"TooManyRequests","message":"m"}"#,
+        );
+        let script = Script::new(vec![throttled; 10]);
+        let client = script.client(RetryPolicy::default());
+        let retries = client.retries();
+        let nonzero = |counts: Vec<(RetryReason, u64)>| -> Vec<(&'static str, u64)> {
+            counts
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(r, n)| (r.as_str(), n))
+                .collect()
+        };
+        let error = client
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, VaultError::Exhausted { .. }), "{error}");
+        let attempts = script.times().len() as u64;
+        assert!(attempts > 1);
+        assert_eq!(nonzero(retries.snapshot()), [("throttled", attempts - 1)]);
+        assert_eq!(nonzero(retries.gave_up_snapshot()), [("throttled", 1)]);
+        // A call that succeeds after retries gave nothing up.
+        let script = Script::new(vec![oci(503, "ServiceUnavailable")]);
+        let client = script.client(no_jitter());
+        let retries = client.retries();
+        client
+            .oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(nonzero(retries.gave_up_snapshot()), []);
     }
 
     #[tokio::test(start_paused = true)]
