@@ -14,6 +14,9 @@ offline (kubernetes-validate).
   deploy/tests/rendered-args.json the provider container's args and env of the default and
   Go-values renderings (the provider's own tests parse them with its real flag and config
   code); the vendored driver chart matches Chart.lock;
+- the PrometheusRule (provider.monitoring.prometheusRule) holds deploy/prometheus/alerts.yaml
+  exactly (the chart's files/alerts.yaml is a generated copy) and is validated against the
+  Prometheus operator's CRD schema (deploy/tests/crds/), strictly;
 - the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
   our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
   controller's chart has no values schema); its container's args and env go in
@@ -25,6 +28,8 @@ Needs: pip install helm-python-sdk kubernetes-validate pyyaml
 import json
 import re
 import pathlib
+
+import jsonschema
 import sys
 import tarfile
 
@@ -49,6 +54,11 @@ MIB = 1024 * 1024
 SYNC_CHART = TESTS / "charts" / "secrets-store-sync-controller-0.0.4.tgz"
 SYNC_VALUES = HERE / "sync-controller" / "values.yaml"
 SYNC_DEPLOYMENT = "secrets-store-sync-controller-manager"
+# The alert rules: the plain file, the chart's copy, and the CRD the PrometheusRule is
+# validated against (kubernetes-validate has no Prometheus operator kinds).
+ALERTS = HERE / "prometheus" / "alerts.yaml"
+CHART_ALERTS = CHART / "files" / "alerts.yaml"
+PROMETHEUS_RULE_CRD = TESTS / "crds" / "monitoring.coreos.com_prometheusrules.yaml"
 
 failures = []
 
@@ -99,11 +109,38 @@ def validated(values, label):
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.SchemaNotFoundError:
-                # A CRD's kind (the Prometheus operator's ServiceMonitor): checked by hand.
-                check(doc["kind"] == "ServiceMonitor", f"{label}: no schema for {doc['kind']} in {path}")
+                if doc["kind"] == "PrometheusRule":
+                    for problem in crd_problems(doc, PROMETHEUS_RULE_CRD):
+                        failures.append(f"{label}: {path} PrometheusRule: {problem}")
+                else:
+                    # The Prometheus operator's ServiceMonitor: checked by hand.
+                    check(doc["kind"] == "ServiceMonitor", f"{label}: no schema for {doc['kind']} in {path}")
             except kubernetes_validate.ValidationError as e:
                 failures.append(f"{label}: Kubernetes {version}: {path} {doc.get('kind')}: {e.message} at {list(e.path)}")
     return render(values)
+
+
+def crd_problems(doc, crd_path):
+    """What the API server would refuse of `doc` by the CRD's openAPIV3Schema, strictly:
+    schema errors, and fields the schema does not know (the API server would drop them)."""
+    crd = yaml.safe_load(crd_path.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if f"{crd['spec']['group']}/{v['name']}" == doc["apiVersion"]]
+    schema = version["schema"]["openAPIV3Schema"]
+    problems = [f"{e.message} at {list(e.path)}" for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+
+    def unknown(value, sub, at):
+        if isinstance(value, dict) and "properties" in sub:
+            for key, item in value.items():
+                if key not in sub["properties"]:
+                    problems.append(f"unknown field {key!r} at {at}")
+                else:
+                    unknown(item, sub["properties"][key], at + [key])
+        elif isinstance(value, list) and "items" in sub:
+            for i, item in enumerate(value):
+                unknown(item, sub["items"], at + [i])
+
+    unknown(doc, schema, [])
+    return problems
 
 
 def find(docs, kind, name=None):
@@ -339,6 +376,27 @@ def network_policy():
     check(find(validated(None, "defaults"), "NetworkPolicy") is None, "no NetworkPolicy by default")
 
 
+def monitoring():
+    """The PrometheusRule: absent by default, and when enabled the alert rules of
+    deploy/prometheus/alerts.yaml exactly, valid by the operator's CRD (in validated())."""
+    check(find(render(None), "PrometheusRule") is None, "defaults: no PrometheusRule unless enabled")
+    docs = validated({"provider": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}}}},
+                     "PrometheusRule")
+    rule = find(docs, "PrometheusRule", PROVIDER)
+    if not check(rule is not None, "PrometheusRule: not rendered when enabled"):
+        return
+    check(rule["metadata"]["labels"].get("release") == "prometheus", f"PrometheusRule: labels {rule['metadata']['labels']}")
+    check(rule["spec"] == yaml.safe_load(ALERTS.read_text()),
+          "PrometheusRule: its groups differ from deploy/prometheus/alerts.yaml")
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    check(len(alerts) == 6, f"PrometheusRule: alerts {alerts}")
+    # The rules select the job the chart's ServiceMonitor scrapes as: its Service's name.
+    jobs = {m for g in rule["spec"]["groups"] for r in g["rules"] for m in re.findall(r'job="([^"]+)"', r["expr"])}
+    check(jobs == {f"{PROVIDER}-metrics"}, f"PrometheusRule: the rules select jobs {jobs}, the chart's Service is {PROVIDER}-metrics")
+    broken = dict(rule, spec={"groups": [{"name": "x", "rules": [{"alert": "A", "expr": "1", "for": "ten minutes", "severity": "x"}]}]})
+    check(len(crd_problems(broken, PROMETHEUS_RULE_CRD)) == 2, "the CRD check must refuse a bad `for` and an unknown field")
+
+
 def sync_controller():
     """deploy/sync-controller/values.yaml in the controller's own chart: every object valid for
     each Kubernetes version, our sidecar first in the controller's pod with the socket where
@@ -473,11 +531,13 @@ def main():
     go = go_values()
     every_value()
     network_policy()
+    monitoring()
     sync_docs = sync_controller()
     plain_docs = without_driver()
     refusals()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
+    generated(CHART_ALERTS, ALERTS.read_text(), write)
     renders = {"defaults": defaults, "go-chart-values": go}
     if sync_docs is not None:
         renders["sync-controller-sidecar"] = sync_docs
