@@ -17,6 +17,9 @@ offline (kubernetes-validate).
 - the PrometheusRule (provider.monitoring.prometheusRule) holds deploy/prometheus/alerts.yaml
   exactly (the chart's files/alerts.yaml is a generated copy) and is validated against the
   Prometheus operator's CRD schema (deploy/tests/crds/), strictly;
+- the Grafana dashboard (provider.monitoring.grafanaDashboard) holds
+  deploy/grafana/oci-provider.json exactly (files/dashboard.json is a generated copy), each
+  panel query valid PromQL by promtool;
 - the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
   our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
   controller's chart has no values schema); its container's args and env go in
@@ -28,6 +31,9 @@ Needs: pip install helm-python-sdk kubernetes-validate pyyaml
 import json
 import re
 import pathlib
+import shutil
+import subprocess
+import tempfile
 
 import jsonschema
 import sys
@@ -59,6 +65,8 @@ SYNC_DEPLOYMENT = "secrets-store-sync-controller-manager"
 ALERTS = HERE / "prometheus" / "alerts.yaml"
 CHART_ALERTS = CHART / "files" / "alerts.yaml"
 PROMETHEUS_RULE_CRD = TESTS / "crds" / "monitoring.coreos.com_prometheusrules.yaml"
+DASHBOARD = HERE / "grafana" / "oci-provider.json"
+CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 
 failures = []
 
@@ -397,6 +405,34 @@ def monitoring():
     check(len(crd_problems(broken, PROMETHEUS_RULE_CRD)) == 2, "the CRD check must refuse a bad `for` and an unknown field")
 
 
+def dashboard():
+    """The Grafana dashboard: absent by default; when enabled a ConfigMap labelled for
+    Grafana's sidecar holding deploy/grafana/oci-provider.json exactly; every panel query
+    valid PromQL by promtool (each as a recording rule)."""
+    check(not any(d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {}) for _, d in render(None)),
+          "defaults: no dashboard ConfigMap unless enabled")
+    docs = validated({"provider": {"monitoring": {"grafanaDashboard": {"enabled": True, "labels": {"team": "platform"}}}}},
+                     "dashboard")
+    cm = find(docs, "ConfigMap", f"{PROVIDER}-dashboard")
+    if not check(cm is not None, "dashboard: no ConfigMap when enabled"):
+        return
+    labels = cm["metadata"]["labels"]
+    check(labels.get("grafana_dashboard") == "1" and labels.get("team") == "platform", f"dashboard: labels {labels}")
+    board = json.loads(DASHBOARD.read_text())
+    check(json.loads(cm["data"]["oci-provider.json"]) == board, "dashboard: the ConfigMap differs from deploy/grafana/oci-provider.json")
+    queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    check(len(board["panels"]) >= 12 and all(queries), f"dashboard: {len(board['panels'])} panels")
+    promtool = shutil.which("promtool")
+    if not check(promtool is not None, "dashboard: promtool is missing (Debian's prometheus package): panel queries unchecked"):
+        return
+    rules = {"groups": [{"name": "panels", "rules": [{"record": f"panel:query:{i}", "expr": q} for i, q in enumerate(queries)]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(rules, f)
+        f.flush()
+        result = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True)
+    check(result.returncode == 0, f"dashboard: a panel query is not valid PromQL: {result.stdout}{result.stderr}")
+
+
 def sync_controller():
     """deploy/sync-controller/values.yaml in the controller's own chart: every object valid for
     each Kubernetes version, our sidecar first in the controller's pod with the socket where
@@ -532,12 +568,14 @@ def main():
     every_value()
     network_policy()
     monitoring()
+    dashboard()
     sync_docs = sync_controller()
     plain_docs = without_driver()
     refusals()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
+    generated(CHART_DASHBOARD, DASHBOARD.read_text(), write)
     renders = {"defaults": defaults, "go-chart-values": go}
     if sync_docs is not None:
         renders["sync-controller-sidecar"] = sync_docs
