@@ -362,28 +362,21 @@ impl Collector for CacheSources {
             )?;
             ConstCounter::new(self.otlp.dropped()).encode(family)?;
         }
-        {
-            let mut family = encoder.encode_descriptor(
+        for (name, help, counts) in [
+            (
                 "upstream_retries",
                 "Secrets API attempts retried, by reason",
-                None,
-                MetricType::Counter,
-            )?;
-            for (reason, n) in self.retries.snapshot() {
-                ConstCounter::new(n).encode(family.encode_family(&ReasonLabel {
-                    reason: reason.as_str(),
-                })?)?;
-            }
-        }
-        {
-            let mut family = encoder.encode_descriptor(
+                self.retries.snapshot(),
+            ),
+            (
                 "upstream_gave_up",
                 "Secrets and Certificates calls that failed after their retries, by the reason of \
                  the last failure (throttled: a 429 the retries did not outlast)",
-                None,
-                MetricType::Counter,
-            )?;
-            for (reason, n) in self.retries.gave_up_snapshot() {
+                self.retries.gave_up_snapshot(),
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (reason, n) in counts {
                 ConstCounter::new(n).encode(family.encode_family(&ReasonLabel {
                     reason: reason.as_str(),
                 })?)?;

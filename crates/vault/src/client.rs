@@ -139,19 +139,19 @@ impl RetryReason {
 impl Retries {
     /// Retries so far, by reason.
     pub fn snapshot(&self) -> Vec<(RetryReason, u64)> {
-        RetryReason::ALL
-            .iter()
-            .zip(&self.counts)
-            .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
-            .collect()
+        Self::read(&self.counts)
     }
 
     /// Calls that failed after retrying, by the reason of their last failure: `throttled`
     /// is a 429 the retries did not outlast.
     pub fn gave_up_snapshot(&self) -> Vec<(RetryReason, u64)> {
+        Self::read(&self.gave_up)
+    }
+
+    fn read(counts: &[AtomicU64; RetryReason::ALL.len()]) -> Vec<(RetryReason, u64)> {
         RetryReason::ALL
             .iter()
-            .zip(&self.gave_up)
+            .zip(counts)
             .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
             .collect()
     }
