@@ -397,7 +397,10 @@ def monitoring():
     check(rule["spec"] == yaml.safe_load(ALERTS.read_text()),
           "PrometheusRule: its groups differ from deploy/prometheus/alerts.yaml")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    check(len(alerts) == 6, f"PrometheusRule: alerts {alerts}")
+    # Every alert has its promtool unit test.
+    tests = yaml.safe_load((ALERTS.parent / "alerts.test.yaml").read_text())
+    tested = {t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", [])}
+    check(len(alerts) == 7 and set(alerts) == tested, f"PrometheusRule: alerts {alerts}, tested {sorted(tested)}")
     # The rules select the job the chart's ServiceMonitor scrapes as: its Service's name.
     jobs = {m for g in rule["spec"]["groups"] for r in g["rules"] for m in re.findall(r'job="([^"]+)"', r["expr"])}
     check(jobs == {f"{PROVIDER}-metrics"}, f"PrometheusRule: the rules select jobs {jobs}, the chart's Service is {PROVIDER}-metrics")

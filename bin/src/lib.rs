@@ -184,7 +184,7 @@ pub async fn run(
     ));
     let metrics_task = tokio::spawn(health::serve(
         metrics_listener,
-        health::Routes::Metrics(stack.metrics.clone(), Arc::default()),
+        health::Routes::Metrics(stack.metrics.clone(), Arc::default(), ready.clone()),
         http_limits,
         stop_rx.clone(),
     ));

@@ -47,6 +47,7 @@ pub(crate) struct Metrics {
     duration: Histogram,
     in_flight: Gauge,
     alive_tasks: Gauge,
+    ready: Gauge,
     shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// What `/debug/stats` reads (the same sources as the collectors).
     pub(crate) sources: StatsSources,
@@ -507,13 +508,43 @@ impl Collector for ProcessCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(self.start_time_seconds).encode(family)?;
+        let family = encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "User and system CPU time spent, in seconds",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(cpu_seconds(
+            &std::fs::read_to_string("/proc/self/stat").unwrap_or_default(),
+        ))
+        .encode(family)?;
         Ok(())
     }
+}
+
+/// User plus system time from a `/proc/<pid>/stat` line (fields 14 and 15, in clock ticks
+/// after the parenthesised command name, which may hold spaces). Ticks are `USER_HZ`, which
+/// Linux fixes at 100 for user space on every architecture it still supports.
+fn cpu_seconds(stat: &str) -> f64 {
+    const USER_HZ: f64 = 100.0;
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // `after_name` starts at field 3 (state): utime is field 14, stime field 15.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 / USER_HZ
 }
 
 impl Metrics {
     pub(crate) fn new(
         version: &'static str,
+        max_in_flight_mounts: usize,
         transport: transport::Transport,
         budget: provider::ByteBudget,
         caches: CacheSources,
@@ -534,6 +565,20 @@ impl Metrics {
             duration.clone(),
         );
         registry.register("mounts_in_flight", "Mounts being served", in_flight.clone());
+        let limit = Gauge::<i64>::default();
+        limit.set(i64::try_from(max_in_flight_mounts).unwrap_or(i64::MAX));
+        registry.register(
+            "mounts_in_flight_limit",
+            "server.max_in_flight_mounts: mounts past it are shed",
+            limit,
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 while the provider serves its socket and Version answers on it (what /readyz \
+             says, checked at each scrape), else 0",
+            ready.clone(),
+        );
         let build = Family::<VersionLabel, Gauge>::default();
         build.get_or_create(&VersionLabel { version }).set(1);
         registry.register("build_info", "Provider version", build);
@@ -562,12 +607,18 @@ impl Metrics {
         Self {
             shed,
             alive_tasks,
+            ready,
             sources,
             registry: Mutex::new(root),
             mounts,
             duration,
             in_flight,
         }
+    }
+
+    /// Records what the readiness check answered, for `oci_provider_ready`.
+    pub(crate) fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
     }
 
     /// The text exposition format.
@@ -606,5 +657,20 @@ impl MountObserver for Metrics {
         };
         self.mounts.get_or_create(&CodeLabel { code }).inc();
         self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_seconds_are_read_after_a_command_name_with_spaces_and_parentheses() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+        // utime stime ...
+        let stat = "4242 (oci provider) (x)) S 1 4242 4242 0 -1 4194560 900 0 0 0 \
+                    250 125 0 0 20 0 9 0 100 1000 200";
+        assert!((super::cpu_seconds(stat) - 3.75).abs() < 1e-9);
+        assert_eq!(super::cpu_seconds("garbage"), 0.0);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(super::cpu_seconds(&own) >= 0.0);
     }
 }

@@ -330,6 +330,7 @@ pub(crate) fn build(
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),
+        config.server.max_in_flight_mounts,
         transport,
         budget,
         caches,

@@ -13,6 +13,8 @@ use tonic::Code;
 
 use crate::process::{Output, Provider};
 
+mod prometheus;
+
 const NAMESPACE: &str = "storm";
 const VAULT: &str = "ocid1.vault.oc1.iad.e2e";
 const TENANCY: &str = "ocid1.tenancy.oc1..e2etenancy";
@@ -1599,6 +1601,13 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
     assert!(metric(&metrics, "process_open_fds") >= 3.0);
     assert!(metric(&metrics, "process_threads") >= 1.0);
     assert!(metric(&metrics, "process_start_time_seconds") > 1.7e9);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("process_cpu_seconds_total ")),
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "oci_provider_mounts_in_flight_limit"), 1.0);
     assert!(provider.terminate().await.status.success());
 }
 

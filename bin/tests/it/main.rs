@@ -305,6 +305,7 @@ async fn readyz_fails_when_the_socket_no_longer_answers() {
     let provider = Provider::start(&[], &[]).await;
     let (status, body) = http_get(provider.healthz_port, "/readyz").await;
     assert_eq!((status, body.as_str()), (200, "ready\n"));
+    ready_metric_becomes(&provider, 1).await;
     std::fs::remove_file(&provider.socket).unwrap();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let body = loop {
@@ -321,6 +322,8 @@ async fn readyz_fails_when_the_socket_no_longer_answers() {
     assert!(body.contains("cannot connect to unix://"), "{body}");
     // Liveness is the runtime answering, not the socket.
     assert_eq!(http_get(provider.healthz_port, "/healthz").await.0, 200);
+    // The metrics say so too (the not-ready alert reads it).
+    ready_metric_becomes(&provider, 0).await;
     assert!(provider.terminate().await.status.success());
 }
 
@@ -348,8 +351,28 @@ async fn readyz_fails_when_the_socket_accepts_but_never_answers() {
         "{:?}",
         started.elapsed()
     );
+    // The scrape still answers (its readiness check is bounded) and says not ready.
+    ready_metric_becomes(&provider, 0).await;
     holder.abort();
     assert!(provider.terminate().await.status.success());
+}
+
+/// Waits until `/metrics` says `oci_provider_ready <value>` (renders are reused for ~1 s).
+async fn ready_metric_becomes(provider: &Provider, value: u8) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = format!("oci_provider_ready {value}");
+    loop {
+        let (status, body) = http_get(provider.metrics_port, "/metrics").await;
+        assert_eq!(status, 200, "the metrics answer whatever the socket does");
+        if body.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no `{line}` in {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
