@@ -16,6 +16,9 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12@sha256:847433844c7e04bcf07a3a0f0
 
 FROM --platform=$BUILDPLATFORM ${RUST_IMAGE} AS build
 ARG TARGETARCH
+# Cargo features of the binary: `--build-arg FEATURES=fips` builds on AWS-LC's FIPS module
+# (aws-lc-fips-sys, whose build needs cmake and Go: installed below for it).
+ARG FEATURES=""
 WORKDIR /src
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # A C cross toolchain for ring and jemalloc's build scripts when the target differs. The
@@ -33,6 +36,9 @@ RUN set -eux; \
       apt-get install -y --no-install-recommends "gcc-$(cut -d- -f1 /target | tr _ -)-linux-gnu" libc6-dev-"${TARGETARCH}"-cross; \
       rm -rf /var/lib/apt/lists/*; \
     fi; \
+    case ",${FEATURES}," in \
+      *,fips,*) apt-get update; apt-get install -y --no-install-recommends cmake golang-go; rm -rf /var/lib/apt/lists/* ;; \
+    esac; \
     rustup target add "$(cat /target)"
 COPY Cargo.toml Cargo.lock ./
 COPY bin bin
@@ -50,7 +56,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
       unset CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER CC_aarch64_unknown_linux_gnu \
             CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER CC_x86_64_unknown_linux_gnu; \
     fi; \
-    cargo build --release --locked --target "${target}" -p oci-secrets-store-csi-driver-provider; \
+    cargo build --release --locked --target "${target}" -p oci-secrets-store-csi-driver-provider \
+      ${FEATURES:+--features "${FEATURES}"}; \
     cp "target/${target}/release/oci-secrets-store-csi-driver-provider" /provider
 
 FROM ${RUNTIME_IMAGE}

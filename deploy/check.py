@@ -29,6 +29,7 @@ offline (kubernetes-validate).
 Needs: pip install helm-python-sdk kubernetes-validate pyyaml
 """
 import json
+import os
 import re
 import pathlib
 import shutil
@@ -537,6 +538,17 @@ def dockerfile():
                 check(not any(source == i or source.startswith(i.rstrip("/") + "/") for i in ignored),
                       f"Dockerfile copies {source}, which .dockerignore excludes")
     check(images, "Dockerfile: no pinned base images")
+    # `--build-arg FEATURES=fips`: the build stage installs what aws-lc-fips-sys needs and
+    # passes the features to cargo (the shell of the RUN lines, run here with apt-get faked).
+    install = re.search(r'case ",\$\{FEATURES\}," in .*? esac;', text)
+    build = re.search(r'(cargo build --release [^;]*);', text)
+    if check("ARG FEATURES=" in text and install and build, "Dockerfile: no FEATURES build argument wired to cargo"):
+        script = "apt-get() { echo \"apt-get $*\"; }; rm() { :; }; target=t; " + install.group(0) + " echo " + build.group(1)
+        for features, wants_go in [("", False), ("fips", True), ("jemalloc,fips", True), ("jemalloc", False)]:
+            out = subprocess.run(["bash", "-c", script], env={"FEATURES": features, "PATH": os.environ["PATH"]},
+                                 capture_output=True, text=True).stdout
+            check(("cmake golang-go" in out) == wants_go, f"Dockerfile with FEATURES={features!r}: {out}")
+            check((f"--features {features}" in out) == bool(features), f"Dockerfile with FEATURES={features!r}: {out}")
 
 
 def plain(docs):

@@ -3,6 +3,7 @@
 
 mod check;
 mod config;
+mod crypto;
 mod debug;
 mod endpoints;
 mod flags;
@@ -137,6 +138,8 @@ pub async fn run(
     traces: wiring::Traces,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let module = crypto::check()?;
+    tracing::info!(module = module.name, fips = module.fips, "crypto module");
     let endpoint = config.grpc_endpoint()?;
     let ready = Arc::new(ready::Readiness::new(endpoint.clone()));
     let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock), &traces)?;

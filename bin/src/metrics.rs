@@ -35,8 +35,10 @@ struct HostLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VersionLabel {
+struct BuildLabel {
     version: &'static str,
+    /// `"true"` in the `fips` build (AWS-LC's FIPS module).
+    fips: &'static str,
 }
 
 /// The registry and the metrics the binary records.
@@ -579,9 +581,18 @@ impl Metrics {
              says, checked at each scrape), else 0",
             ready.clone(),
         );
-        let build = Family::<VersionLabel, Gauge>::default();
-        build.get_or_create(&VersionLabel { version }).set(1);
-        registry.register("build_info", "Provider version", build);
+        let build = Family::<BuildLabel, Gauge>::default();
+        let fips = if cfg!(feature = "fips") {
+            "true"
+        } else {
+            "false"
+        };
+        build.get_or_create(&BuildLabel { version, fips }).set(1);
+        registry.register(
+            "build_info",
+            "Provider version, and whether it runs on AWS-LC's FIPS module",
+            build,
+        );
         let sources = StatsSources {
             transport: transport.clone(),
             bundles: caches.bundles.clone(),

@@ -25,7 +25,100 @@ const SINGLE_VERSION: &[&str] = &[
     "aws-lc-rs",
 ];
 
-pub(crate) fn check() -> anyhow::Result<()> {
+/// The binary's feature sets whose graphs must each hold the policy.
+const BUILDS: &[(&str, &[&str], &str)] = &[
+    ("default", &[], "aws-lc-sys"),
+    (
+        "fips",
+        &["--features", "oci-secrets-store-csi-driver-provider/fips"],
+        "aws-lc-fips-sys",
+    ),
+];
+
+/// `check-deps [--binary PATH [--fips]]`: the graph of each build; with `--binary`, also
+/// the AWS-LC a built binary really links (exactly one: the FIPS module with `--fips`).
+pub(crate) fn check(args: &[String]) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    let mut summary = Vec::new();
+    for (build, features, sys) in BUILDS {
+        let (crates, found) = graph_problems(features, sys)?;
+        problems.extend(found.into_iter().map(|p| format!("{build} build: {p}")));
+        summary.push(format!("{build}: {crates} crates"));
+    }
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--binary" => {
+                let path = args.next().context("--binary needs a path")?;
+                let fips = args.as_slice().first().is_some_and(|a| a == "--fips");
+                if fips {
+                    args.next();
+                }
+                let bytes = std::fs::read(path).with_context(|| format!("cannot read {path}"))?;
+                let modules = aws_lc_modules(&bytes);
+                let expected = if fips { "aws_lc_fips_" } else { "aws_lc_0" };
+                match modules.as_slice() {
+                    [one] if one.starts_with(expected) => {
+                        summary.push(format!("{path} links one AWS-LC: {one}"));
+                    }
+                    _ => problems.push(format!(
+                        "{path} links AWS-LC {modules:?}; expected exactly one, {expected}*"
+                    )),
+                }
+            }
+            other => bail!("check-deps: unknown argument {other} (--binary PATH [--fips])"),
+        }
+    }
+    if !problems.is_empty() {
+        bail!("dependency policy violated:\n  {}", problems.join("\n  "));
+    }
+    eprintln!(
+        "dependency policy holds ({}): none of {FORBIDDEN:?}, one major version of each of \
+         {SINGLE_VERSION:?}, one AWS-LC -sys crate used by aws-lc-rs, no test-only crate and \
+         no gRPC client in the binary",
+        summary.join("; ")
+    );
+    Ok(())
+}
+
+/// The distinct AWS-LC symbol prefixes (`aws_lc_0_47_0`, `aws_lc_fips_0_14_4`) in a binary:
+/// each AWS-LC build prefixes every symbol with its crate and version, so two prefixes are
+/// two crypto modules linked.
+fn aws_lc_modules(binary: &[u8]) -> Vec<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let needle = b"aws_lc_";
+    let mut at = 0;
+    while let Some(offset) = binary[at..].windows(needle.len()).position(|w| w == needle) {
+        let start = at + offset;
+        let rest = &binary[start + needle.len()..];
+        let fips = rest.starts_with(b"fips_");
+        let digits = if fips { &rest[5..] } else { rest };
+        // Three numbers joined by `_`, then `_` and the symbol: `0_47_0_`.
+        let mut parts = 0;
+        let mut len = 0;
+        while parts < 3 {
+            let n = digits[len..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            if n == 0 || digits.get(len + n) != Some(&b'_') {
+                break;
+            }
+            len += n + 1;
+            parts += 1;
+        }
+        if parts == 3 {
+            let prefix = &binary[start..start + needle.len() + usize::from(fips) * 5 + len - 1];
+            found.insert(String::from_utf8_lossy(prefix).into_owned());
+        }
+        at = start + needle.len();
+    }
+    found.into_iter().collect()
+}
+
+/// The workspace graph with `features`: forbidden crates, duplicate majors, which AWS-LC -sys
+/// crate aws-lc-rs uses (`sys`), test-only crates and the gRPC client in the binary.
+fn graph_problems(features: &[&str], sys: &str) -> anyhow::Result<(usize, Vec<String>)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .args([
@@ -40,6 +133,7 @@ pub(crate) fn check() -> anyhow::Result<()> {
             "--format",
             "{p}",
         ])
+        .args(features)
         .output()
         .context("cannot run cargo tree")?;
     if !output.status.success() {
@@ -78,8 +172,17 @@ pub(crate) fn check() -> anyhow::Result<()> {
             ));
         }
     }
+    if sys == "aws-lc-sys" && versions.contains_key("aws-lc-fips-sys") {
+        problems.push("aws-lc-fips-sys is in the graph without the fips feature".to_owned());
+    }
+    // aws-lc-rs on the -sys crate of this build (rustls' `aws_lc_rs` feature always builds
+    // aws-lc-sys too; the FIPS build links only aws-lc-fips-sys, which `--binary` proves).
+    let used = binary_tree(&[&["--edges", "normal", "--invert", sys], features].concat())?;
+    if !used.lines().any(|l| l.starts_with("aws-lc-rs ")) {
+        problems.push(format!("aws-lc-rs does not build on {sys}"));
+    }
     // The release binary must never contain the emulator (or any test-only crate).
-    let packages = binary_tree(&["--edges", "normal", "--format", "{p}"])?;
+    let packages = binary_tree(&[&["--edges", "normal", "--format", "{p}"], features].concat())?;
     for test_only in ["oci-csi-testkit", "rcgen", "tower-test", "proptest"] {
         if packages
             .lines()
@@ -91,26 +194,25 @@ pub(crate) fn check() -> anyhow::Result<()> {
         }
     }
     // Nor a gRPC client: csi-grpc's `client` feature is for tests and tools.
-    let features = binary_tree(&[
-        "--edges",
-        "normal,features",
-        "--invert",
-        "secrets-store-csi-grpc",
-    ])?;
-    if features.contains("secrets-store-csi-grpc feature \"client\"") {
+    let client = binary_tree(
+        &[
+            &[
+                "--edges",
+                "normal,features",
+                "--invert",
+                "secrets-store-csi-grpc",
+            ],
+            features,
+        ]
+        .concat(),
+    )?;
+    if client.contains("secrets-store-csi-grpc feature \"client\"") {
         problems.push(
             "the provider binary enables csi-grpc's client feature (a gRPC client in production)"
                 .to_owned(),
         );
     }
-    if !problems.is_empty() {
-        bail!("dependency policy violated:\n  {}", problems.join("\n  "));
-    }
-    eprintln!(
-        "dependency policy holds: {} crates, none of {FORBIDDEN:?}, one major version of each of {SINGLE_VERSION:?}, no test-only crate and no gRPC client in the binary",
-        versions.len()
-    );
-    Ok(())
+    Ok((versions.len(), problems))
 }
 
 /// `cargo tree` of the provider binary's package with `args`, one package a line.
@@ -138,6 +240,18 @@ fn binary_tree(args: &[&str]) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn the_aws_lc_symbol_prefixes_name_each_module_linked() {
+        let one = b"\0aws_lc_0_47_0_SHA256_Init\0aws_lc_0_47_0_EVP_sha256\0aws_lc_rs\0";
+        assert_eq!(super::aws_lc_modules(one), ["aws_lc_0_47_0"]);
+        let two = b"aws_lc_fips_0_14_4_FIPS_mode\0xaws_lc_0_47_0_RSA_new\0aws_lc_1_2";
+        assert_eq!(
+            super::aws_lc_modules(two),
+            ["aws_lc_0_47_0", "aws_lc_fips_0_14_4"]
+        );
+        assert!(super::aws_lc_modules(b"aws_lc_sys aws_lc_").is_empty());
+    }
 
     use crate::procs::root;
 

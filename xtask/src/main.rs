@@ -32,9 +32,11 @@ commands:
                      pushes); `cargo xtask release --help`
   dist [--target T]  release tarballs, a CycloneDX SBOM and SHA256SUMS for the installed
                      targets, in target/dist/v<version>/
-  check-deps         fail if the dependency graph has a second crypto or TLS stack
-                     (ring, openssl, openssl-sys, native-tls, reqwest, rsa) or duplicate major
-                     versions of tonic, hyper, rustls, tower, tower-http, prost, aws-lc-rs
+  check-deps         fail if the dependency graph (default and `fips` builds) has a second
+                     crypto or TLS stack (ring, openssl, openssl-sys, native-tls, reqwest, rsa)
+                     or duplicate major versions of tonic, hyper, rustls, tower, tower-http,
+                     prost, aws-lc-rs; `--binary PATH [--fips]` also checks that a built
+                     binary links exactly one AWS-LC (the FIPS module with --fips)
 ";
 
 fn main() -> ExitCode {
@@ -45,7 +47,7 @@ fn main() -> ExitCode {
         Some("soak") => soak::run(rest),
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),
-        Some("check-deps") => deps::check(),
+        Some("check-deps") => deps::check(rest),
         Some("release") => release::run(rest),
         Some("dist") => dist::run(rest),
         Some("help" | "--help" | "-h") | None => {

@@ -104,11 +104,34 @@ async fn starts_with_the_go_flags_and_serves_version_health_and_metrics() {
         body.contains("oci_provider_mounts_total{code=\"invalid_argument\"} 2"),
         "{body}"
     );
+    // Which crypto module runs: AWS-LC's FIPS module in the `fips` build.
+    let fips = cfg!(feature = "fips");
+    let build_info = format!(
+        "oci_provider_build_info{{version=\"{}\",fips=\"{fips}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        body.lines().any(|l| l == build_info),
+        "{build_info}: {body}"
+    );
 
     let output = provider.terminate().await;
     assert!(output.status.success(), "{output:?}");
     assert!(
         output.stderr.contains("debug server listening"),
+        "{}",
+        output.stderr
+    );
+    let module = if fips {
+        "AWS-LC FIPS module (aws-lc-fips-sys)"
+    } else {
+        "AWS-LC (aws-lc-sys)"
+    };
+    assert!(
+        output
+            .stderr
+            .lines()
+            .any(|l| l.contains("crypto module") && l.contains(module)),
         "{}",
         output.stderr
     );

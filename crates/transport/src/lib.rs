@@ -35,6 +35,20 @@ pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
 pub use stats::{ExchangeObserver, HostStats, Outcome};
 
+/// The rustls crypto provider of every TLS client this crate builds: aws-lc-rs, or with the
+/// `fips` feature AWS-LC's FIPS module with only the algorithms FIPS approves
+/// ([`rustls::crypto::CryptoProvider::fips`] is then true).
+pub fn crypto_provider() -> rustls::crypto::CryptoProvider {
+    #[cfg(feature = "fips")]
+    {
+        rustls::crypto::default_fips_provider()
+    }
+    #[cfg(not(feature = "fips"))]
+    {
+        rustls::crypto::aws_lc_rs::default_provider()
+    }
+}
+
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -68,11 +68,11 @@ pub(crate) fn file_roots(file: &Path) -> Result<RootCertStore, TrustError> {
     Ok(roots)
 }
 
-/// A client configuration on aws-lc-rs offering HTTP/2 and HTTP/1.1 by ALPN.
+/// A client configuration on [`crate::crypto_provider`] offering HTTP/2 and HTTP/1.1 by ALPN.
 // The one place in the workspace that builds a TLS client configuration (DESIGN.md, invariant 1).
 #[allow(clippy::disallowed_methods)] // reason: this crate is the transport
 pub(crate) fn client_config(roots: RootCertStore) -> Result<Arc<ClientConfig>, TrustError> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(crate::crypto_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
