@@ -261,8 +261,8 @@ pub(crate) fn build(
     // 2. Identities, and requests signed as them, over the transport.
     let principals = Principals::new(principals_config, transport.service(), clock.clone())
         .context("cannot set up the OCI principals")?;
-    let signing =
-        SigningLayer::new(Arc::new(principals.clone()), clock.clone()).layer(transport.service());
+    // Each request carries the session its mount established; the layer signs with it.
+    let signing = SigningLayer::new(clock.clone()).layer(transport.service());
 
     // 3. The Secrets API client over the signed service.
     let retry = RetryPolicy {

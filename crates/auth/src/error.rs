@@ -110,9 +110,10 @@ pub enum UserSecretError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthError {
-    /// The request has no [`Identity`] in its extensions, so there is no key to sign with.
-    #[error("the request carries no identity to sign it with")]
-    MissingIdentity,
+    /// The request has no [`crate::Session`] in its extensions, so there is no key to sign
+    /// with.
+    #[error("the request carries no established session to sign it with")]
+    MissingSession,
     /// Neither the URI nor a `Host` header says which host the request goes to, and the
     /// signature must cover it.
     #[error(
@@ -128,21 +129,13 @@ pub enum AuthError {
     /// Signing failed inside the crypto library.
     #[error("cannot sign the request")]
     Sign(#[source] KeyError),
-    /// The principal could not supply a key id and private key for the identity.
-    #[error("cannot obtain credentials for {identity}")]
-    Credentials {
-        /// Whose credentials were asked for.
+    /// OCI refused a session's credential and it cannot be renewed within the request.
+    #[error("cannot renew the credentials of the {identity}: {reason}")]
+    CannotRenew {
+        /// Whose credentials.
         identity: Identity,
-        /// What went wrong; it must not contain credentials either.
-        #[source]
-        source: BoxError,
-    },
-    /// No credential has been established for this identity (no mount established it, or
-    /// it was invalidated and cannot be renewed without the mount's token).
-    #[error("no credentials are established for {identity}")]
-    NotEstablished {
-        /// The identity.
-        identity: Identity,
+        /// Why.
+        reason: &'static str,
     },
     /// OCI answered 401 to a signed request (after one retry with a fresh security token).
     #[error("oci refused the credentials of the {identity} (http 401{}){}",
@@ -311,17 +304,14 @@ impl AuthError {
     /// The kind of failure, for mapping to gRPC codes.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            AuthError::MissingIdentity
+            AuthError::MissingSession
             | AuthError::MissingHost
             | AuthError::InvalidKeyId { .. }
             | AuthError::Sign(_)
             | AuthError::SessionKey(_)
             | AuthError::Internal(_) => ErrorKind::Internal,
-            AuthError::Credentials { source, .. } => source
-                .downcast_ref::<AuthError>()
-                .map_or(ErrorKind::Unavailable, AuthError::kind),
-            AuthError::NotEstablished { .. }
-            | AuthError::Unauthorized { .. }
+            AuthError::Unauthorized { .. }
+            | AuthError::CannotRenew { .. }
             | AuthError::InvalidServiceAccountToken { .. }
             | AuthError::NoServiceAccountToken { .. } => ErrorKind::Unauthenticated,
             AuthError::SecretForbidden { .. } => ErrorKind::PermissionDenied,

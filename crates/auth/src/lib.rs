@@ -2,8 +2,8 @@
 //! and the test emulator.
 //!
 //! - [`SigningLayer`] signs every outgoing `http::Request<Bytes>` per the OCI profile of
-//!   HTTP signatures (spec section 1), with the key id and private key that a
-//!   [`Credentials`] implementation (a principal) supplies for the request's [`Identity`].
+//!   HTTP signatures (spec section 1), with the key id and private key of the [`Session`]
+//!   the request carries, and renews a refused security token through it once.
 //! - [`PrivateKey`] loads RSA keys in every PEM form the Go provider accepts (PKCS#1,
 //!   PKCS#8, OpenSSL's legacy encryption) plus encrypted PKCS#8, generates session keys,
 //!   and signs.
@@ -13,8 +13,8 @@
 //!
 //! - [`Principals`] is the façade over the three principals (user API key from a Kubernetes
 //!   Secret, instance principal, OKE workload identity): [`Principals::establish`] readies
-//!   one mount's identity, and as [`Credentials`] it answers the signing layer from its
-//!   per-identity caches. Every call it makes goes through the one transport.
+//!   one mount's identity and answers with its [`Session`], from per-identity caches.
+//!   Every call it makes goes through the one transport.
 //! - [`region`] resolves region strings to the Secrets and federation endpoints.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -28,6 +28,7 @@ mod kube;
 mod principals;
 pub mod region;
 mod remote;
+mod session;
 mod signing;
 mod tenant_keys;
 
@@ -40,9 +41,8 @@ pub use principals::{
     IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
 };
 pub use remote::opc_request_id;
-pub use signing::{
-    BoxFuture, Credentials, KeyId, SignedResponse, Signing, SigningKey, SigningLayer,
-};
+pub use session::Session;
+pub use signing::{BoxFuture, KeyId, SignedResponse, Signing, SigningKey, SigningLayer};
 pub use tenant_keys::{CertificateKey, TenantKeys};
 
 /// The OCI request signature itself (draft-cavage-http-signatures as OCI profiles it), for

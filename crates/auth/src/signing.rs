@@ -1,5 +1,6 @@
 //! OCI HTTP request signing (spec section 1): the signing string, the `Authorization`
-//! header, and a tower layer that signs every request with the key of its [`Identity`].
+//! header, and a tower layer that signs every request with the key of the [`Session`] it
+//! carries.
 
 use std::fmt;
 use std::future::Future;
@@ -16,7 +17,7 @@ use http::{HeaderName, HeaderValue, Method, Request};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use crate::{AuthError, BoxError, Identity, PrivateKey, SharedClock};
+use crate::{AuthError, BoxError, Identity, PrivateKey, Session, SharedClock};
 
 /// The `x-content-sha256` header name.
 pub const X_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-content-sha256");
@@ -153,55 +154,6 @@ impl SigningKey {
     /// The private key.
     pub fn key(&self) -> &Arc<PrivateKey> {
         &self.key
-    }
-}
-
-/// Supplies the signing key for an identity; the principals implement it.
-///
-/// The signing layer calls it once per request, so implementations must answer from a
-/// cache in the common case (a user key loaded at most once per TTL, a security token
-/// exchanged once per expiry), and must never hand out one identity's key for another.
-///
-/// ```
-/// use std::sync::Arc;
-/// use oci_csi_auth::{AuthError, BoxFuture, Credentials, Identity, SigningKey};
-///
-/// #[derive(Debug)]
-/// struct InstanceOnly(SigningKey);
-///
-/// impl Credentials for InstanceOnly {
-///     fn signing_key<'a>(
-///         &'a self,
-///         identity: &'a Identity,
-///     ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
-///         Box::pin(async move {
-///             match identity {
-///                 Identity::Instance => Ok(self.0.clone()),
-///                 other => Err(AuthError::Credentials {
-///                     identity: other.clone(),
-///                     source: "not configured".into(),
-///                 }),
-///             }
-///         })
-///     }
-/// }
-/// ```
-pub trait Credentials: Send + Sync + fmt::Debug + 'static {
-    /// The key id and private key to sign a request made as `identity`.
-    fn signing_key<'a>(
-        &'a self,
-        identity: &'a Identity,
-    ) -> BoxFuture<'a, Result<SigningKey, AuthError>>;
-
-    /// OCI answered 401 to a request signed for `identity` with `rejected`: drop what is
-    /// cached for it, so the next [`Credentials::signing_key`] fetches a fresh credential
-    /// (a new security token, or the user Secret read again). Only a cached credential
-    /// with that key id is dropped: when several requests signed with one token are refused
-    /// at once, the first renews and the others must not discard the renewed token. The
-    /// default does nothing.
-    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
-        let _ = (identity, rejected);
-        Box::pin(std::future::ready(()))
     }
 }
 
@@ -389,35 +341,27 @@ pub fn sign_request(
     Ok(())
 }
 
-/// A layer that signs every request with the key of the request's [`Identity`].
+/// A layer that signs every request with the key of the [`Session`] in its extensions.
 ///
 /// Requests are `http::Request<bytes::Bytes>`: OCI requests and bodies are small, and the
 /// body has to be hashed before it is sent, so it is buffered anyway. Put the transport's
 /// body conversion (e.g. to `http_body_util::Full`) below this layer and any retry layer
 /// above it, so each attempt gets a fresh `date` like the SDK's.
 ///
-/// Each request must carry its [`Identity`] in its extensions; it may also carry a
-/// [`SignatureProfile`] (default: standard). Errors are boxed, as with other tower
-/// layers: this layer's own are [`AuthError`]; the inner service's pass through.
-#[derive(Clone)]
+/// Each request must carry its [`Session`] in its extensions; it may also carry a
+/// [`SignatureProfile`] (default: standard) and a [`transport::Deadline`], within which a
+/// security token OCI refuses (HTTP 401) is renewed once through the session. Errors are
+/// boxed, as with other tower layers: this layer's own are [`AuthError`]; the inner
+/// service's pass through.
+#[derive(Clone, Debug)]
 pub struct SigningLayer {
-    credentials: Arc<dyn Credentials>,
     clock: SharedClock,
 }
 
 impl SigningLayer {
-    /// A layer signing with keys from `credentials` and dates from `clock`.
-    pub fn new(credentials: Arc<dyn Credentials>, clock: SharedClock) -> Self {
-        Self { credentials, clock }
-    }
-}
-
-impl fmt::Debug for SigningLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SigningLayer")
-            .field("credentials", &self.credentials)
-            .field("clock", &self.clock)
-            .finish()
+    /// A layer signing with dates from `clock`.
+    pub fn new(clock: SharedClock) -> Self {
+        Self { clock }
     }
 }
 
@@ -427,28 +371,16 @@ impl<S> tower::Layer<S> for SigningLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Signing {
             inner,
-            credentials: Arc::clone(&self.credentials),
             clock: Arc::clone(&self.clock),
         }
     }
 }
 
 /// The service [`SigningLayer`] builds: signs, then calls the inner service.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Signing<S> {
     inner: S,
-    credentials: Arc<dyn Credentials>,
     clock: SharedClock,
-}
-
-impl<S: fmt::Debug> fmt::Debug for Signing<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Signing")
-            .field("inner", &self.inner)
-            .field("credentials", &self.credentials)
-            .field("clock", &self.clock)
-            .finish()
-    }
 }
 
 impl<S> tower::Service<Request<Bytes>> for Signing<S>
@@ -472,14 +404,14 @@ where
         // before the inner call).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let credentials = Arc::clone(&self.credentials);
         let clock = Arc::clone(&self.clock);
         Box::pin(async move {
-            let identity = request
+            let session = request
                 .extensions()
-                .get::<Identity>()
+                .get::<Session>()
                 .cloned()
-                .ok_or(AuthError::MissingIdentity)?;
+                .ok_or(AuthError::MissingSession)?;
+            let identity = session.identity();
             let profile = request
                 .extensions()
                 .get::<SignatureProfile>()
@@ -491,34 +423,29 @@ where
                 .map(|d| d.0);
             // Kept for a retry: a request is consumed by the call.
             let retry = copy_request(&request);
-            let key = credentials.signing_key(&identity).await?;
+            let key = session.key().clone();
             let response =
                 sign_and_call(&mut inner, request, &identity, &key, &clock, profile).await?;
             if !response.is_unauthorized() {
                 return Ok(response);
             }
-            credentials.invalidate(&identity, key.key_id()).await;
+            session.invalidate(key.key_id()).await;
             let refused = |key: &SigningKey, response: &S::Response| AuthError::Unauthorized {
                 identity: identity.clone(),
                 code: response.error_code(),
                 hint: key.rejection_hint().map(str::to_owned),
             };
             // A security token may have been revoked or expired early: retry once with a
-            // fresh one, within the deadline. A user key is not retried (the Secret is
-            // read again by the next mount).
-            let in_time = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
-            if !key.key_id().is_security_token() || !in_time {
+            // fresh one, within the request's deadline. A user key is not retried (the
+            // Secret is read again by the next mount), nor a request without a deadline.
+            let Some(deadline) = deadline.filter(|d| tokio::time::Instant::now() < *d) else {
+                return Err(refused(&key, &response).into());
+            };
+            if !key.key_id().is_security_token() {
                 return Err(refused(&key, &response).into());
             }
-            let fresh = match deadline {
-                Some(deadline) => {
-                    tokio::time::timeout_at(deadline, credentials.signing_key(&identity))
-                        .await
-                        .map_err(|_| {
-                            AuthError::DeadlineExceeded("renewing credentials after a 401")
-                        })??
-                }
-                None => credentials.signing_key(&identity).await?,
+            let Some(fresh) = session.renew(deadline).await? else {
+                return Err(refused(&key, &response).into());
             };
             tracing::debug!(%identity, "retrying once with a fresh security token after a 401");
             tower::ServiceExt::ready(&mut inner)
@@ -527,7 +454,7 @@ where
             let response =
                 sign_and_call(&mut inner, retry, &identity, &fresh, &clock, profile).await?;
             if response.is_unauthorized() {
-                credentials.invalidate(&identity, fresh.key_id()).await;
+                session.invalidate(fresh.key_id()).await;
                 return Err(refused(&fresh, &response).into());
             }
             Ok(response)

@@ -180,12 +180,12 @@ impl CertificateExpiry {
 pub(crate) fn request(
     spec: &CertificateSpec,
     base_url: &str,
-    credential: &auth::Credential,
+    session: &auth::Session,
     deadline: tokio::time::Instant,
 ) -> vault::CertificateRequest {
     vault::CertificateRequest {
         base_url: base_url.to_owned(),
-        credential: credential.clone(),
+        session: session.clone(),
         target: match spec.kind {
             CertificateKind::Certificate => vault::CertificateRef::Certificate(spec.id.clone()),
             CertificateKind::CertificateAuthority => {

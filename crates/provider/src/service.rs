@@ -309,7 +309,7 @@ where
                 let call = crate::certificates::request(
                     spec,
                     &targets.certificates,
-                    &established.credential,
+                    &established.session,
                     request.deadline,
                 );
                 let client = self.certificates.clone();
@@ -503,7 +503,7 @@ where
                 let request = |base_url: &str, source: &SecretSource, deadline| {
                     vault::SecretRequest {
                         base_url: base_url.to_owned(),
-                        credential: established.credential.clone(),
+                        session: established.session.clone(),
                         secret: match source {
                             SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
                                 vault_id: vault_id.clone(),
@@ -655,7 +655,7 @@ where
         // Certificate entries are always read from OCI (they are not cached).
         let upstream = bundles.len() - shared.len() + params.certificates.len();
         tracing::Span::current().record("upstream_calls", upstream);
-        log_shared(&established.credential, &bundles, shared);
+        log_shared(established.credential(), &bundles, shared);
         Ok((bundles, reservations))
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use auth::{Credential, Identity};
+use auth::Identity;
 use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 use zeroize::Zeroizing;
@@ -42,8 +42,8 @@ impl CertificateRef {
 pub struct CertificateRequest {
     /// The Certificates endpoint, e.g. `https://certificates.us-ashburn-1.oci.oraclecloud.com`.
     pub base_url: String,
-    /// The credential it is fetched with.
-    pub credential: Credential,
+    /// The established credential it is fetched with (as [`crate::SecretRequest::session`]).
+    pub session: auth::Session,
     /// The certificate, CA or CA bundle.
     pub target: CertificateRef,
     /// The version (not sent for CA bundles, which have none).
@@ -57,7 +57,7 @@ pub struct CertificateRequest {
 impl CertificateRequest {
     /// Who the request is made as.
     pub fn identity(&self) -> Identity {
-        self.credential.identity()
+        self.session.identity()
     }
 
     /// The bundle type asked for, as sent.
@@ -283,10 +283,10 @@ mod tests {
     ) -> CertificateRequest {
         CertificateRequest {
             base_url: "https://certificates.us-ashburn-1.oci.oraclecloud.com/".into(),
-            credential: Credential::Instance {
+            session: auth::Session::for_tests(auth::Credential::Instance {
                 tenancy: "ocid1.tenancy.oc1..t".into(),
                 instance: "ocid1.instance.oc1..i".into(),
-            },
+            }),
             target,
             selector,
             private_key,

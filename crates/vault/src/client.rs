@@ -36,22 +36,22 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 /// `S` sends signed requests: in production `auth::Signing<transport::HttpService>` (the
 /// signing layer over the one transport). Each attempt builds a fresh request (new
 /// `opc-request-id`, and the signing layer below sets a fresh `date`), carrying the
-/// request's [`auth::Identity`] and a [`transport::Deadline`] in its extensions.
+/// request's [`auth::Session`] and a [`transport::Deadline`] in its extensions.
 ///
 /// ```no_run
-/// # async fn example(http: transport::HttpService, credentials: std::sync::Arc<dyn auth::Credentials>)
+/// # async fn example(http: transport::HttpService, session: auth::Session)
 /// # -> Result<(), oci_csi_vault::VaultError> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use oci_csi_vault::{RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient};
 /// use tower::{Layer as _, ServiceExt as _};
 ///
-/// let signed = auth::SigningLayer::new(credentials, Arc::new(auth::SystemClock)).layer(http);
+/// let signed = auth::SigningLayer::new(Arc::new(auth::SystemClock)).layer(http);
 /// let client = VaultClient::new(signed, RetryPolicy::default());
 /// let bundle = client
 ///     .oneshot(SecretRequest {
 ///         base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
-///         credential: auth::Credential::Instance { tenancy: "ocid1.tenancy.oc1..t".into(), instance: "ocid1.instance.oc1..i".into() },
+///         session,
 ///         secret: SecretRef::ByName { vault_id: "ocid1.vault.oc1..v".into(), name: "db".into() },
 ///         selector: Selector::Stage(Stage::Current),
 ///         deadline: tokio::time::Instant::now() + Duration::from_secs(10),
@@ -225,6 +225,7 @@ pub(crate) trait Call: Send + 'static {
     type Answer: Send + 'static;
     fn deadline(&self) -> Instant;
     fn identity(&self) -> auth::Identity;
+    fn session(&self) -> &auth::Session;
     fn describe(&self) -> String;
     /// The IAM grant a 404 names.
     fn grant(&self) -> &'static str;
@@ -244,6 +245,9 @@ impl Call for SecretRequest {
     }
     fn identity(&self) -> auth::Identity {
         SecretRequest::identity(self)
+    }
+    fn session(&self) -> &auth::Session {
+        &self.session
     }
     fn describe(&self) -> String {
         SecretRequest::describe(self)
@@ -269,6 +273,9 @@ impl Call for CertificateRequest {
     }
     fn identity(&self) -> auth::Identity {
         CertificateRequest::identity(self)
+    }
+    fn session(&self) -> &auth::Session {
+        &self.session
     }
     fn describe(&self) -> String {
         CertificateRequest::describe(self)
@@ -514,7 +521,7 @@ where
                 OPC_CLIENT_RETRIES,
                 HeaderValue::from_static(if retries { "true" } else { "false" }),
             )
-            .extension(self.request.identity())
+            .extension(self.request.session().clone())
             .extension(transport::Deadline(self.request.deadline()));
         if let Some(id) = request_id {
             builder = builder.header(OPC_REQUEST_ID, id);
@@ -620,10 +627,10 @@ mod tests {
     fn request(deadline: Duration) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.example.com".into(),
-            credential: auth::Credential::Instance {
+            session: auth::Session::for_tests(auth::Credential::Instance {
                 tenancy: "ocid1.tenancy.oc1..t".into(),
                 instance: "ocid1.instance.oc1..i".into(),
-            },
+            }),
             secret: SecretRef::ByName {
                 vault_id: "ocid1.vault.oc1..v".into(),
                 name: "db".into(),
@@ -639,7 +646,7 @@ mod tests {
         let script = Script::new(vec![oci(503, "ServiceUnavailable"), reply(200, &[], cert)]);
         let request = crate::CertificateRequest {
             base_url: "https://certificates.example.com".into(),
-            credential: request(Duration::from_secs(30)).credential,
+            session: request(Duration::from_secs(30)).session,
             target: crate::CertificateRef::Certificate("ocid1.certificate.oc1..c".into()),
             selector: Selector::Stage(Stage::Current),
             private_key: false,
@@ -669,8 +676,8 @@ mod tests {
             "https://certificates.example.com/20210224/certificateBundles/ocid1.certificate.oc1..c?certificateBundleType=CERTIFICATE_CONTENT_PUBLIC_ONLY&stage=CURRENT"
         );
         assert!(
-            sent.extensions().get::<Identity>().is_some(),
-            "carries the identity to sign with"
+            sent.extensions().get::<auth::Session>().is_some(),
+            "carries the session to sign with"
         );
         drop(seen);
 
@@ -817,7 +824,12 @@ mod tests {
                     .unwrap()
                     .starts_with("oci-csi-vault/")
             );
-            assert_eq!(r.extensions().get::<Identity>(), Some(&Identity::Instance));
+            assert_eq!(
+                r.extensions()
+                    .get::<auth::Session>()
+                    .map(auth::Session::identity),
+                Some(Identity::Instance)
+            );
             assert_eq!(
                 r.extensions().get::<transport::Deadline>().map(|d| d.0),
                 Some(deadline)
@@ -1040,21 +1052,27 @@ mod tests {
         assert!(error.to_string().contains("NotAuthenticated"), "{error}");
         assert_eq!(*calls.lock().unwrap(), 1);
 
-        let (client, calls) = failing_signer(|| auth::AuthError::MissingIdentity);
+        let (client, calls) = failing_signer(|| auth::AuthError::MissingSession);
         let error = client
             .oneshot(request(Duration::from_secs(60)))
             .await
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Internal);
-        assert!(error.to_string().contains("carries no identity"), "{error}");
+        assert!(
+            error.to_string().contains("carries no established session"),
+            "{error}"
+        );
         assert_eq!(*calls.lock().unwrap(), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn transient_credential_failures_are_retried() {
-        let (client, calls) = failing_signer(|| auth::AuthError::Credentials {
-            identity: Identity::Instance,
-            source: "the proxymux is down".into(),
+        // Renewing a refused token failed: the proxymux answered 503.
+        let (client, calls) = failing_signer(|| auth::AuthError::Status {
+            endpoint: auth::Endpoint::Proxymux,
+            operation: "the proxymux is down".into(),
+            status: 503,
+            detail: None,
         });
         let error = client
             .oneshot(request(Duration::from_secs(60)))

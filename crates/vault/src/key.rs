@@ -49,13 +49,13 @@ impl cache::CacheKey for SecretRequest {
         // key (or named here as not part of it) before this compiles.
         let SecretRequest {
             base_url,
-            credential,
+            session,
             secret,
             selector,
             deadline: _,
         } = self;
         BundleKey {
-            credential: credential.clone(),
+            credential: session.credential().clone(),
             service: Service::Secrets,
             endpoint: base_url.trim_end_matches('/').to_owned(),
             secret: secret.clone(),
@@ -151,7 +151,7 @@ mod tests {
     fn request(credential: Credential) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
-            credential,
+            session: auth::Session::for_tests(credential),
             secret: SecretRef::ByName {
                 vault_id: "ocid1.vault..v".into(),
                 name: "db".into(),

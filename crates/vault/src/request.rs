@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use auth::{Credential, Identity};
+use auth::Identity;
 use tokio::time::Instant;
 
 /// The API version prefix of every Secrets path.
@@ -122,9 +122,10 @@ pub struct SecretRequest {
     /// `https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com` or the emulator's
     /// `https://127.0.0.1:PORT`.
     pub base_url: String,
-    /// Which credential the request is made with; the signing layer signs with the key
-    /// of its [`Identity`], and a cached answer is only ever served to the same credential.
-    pub credential: Credential,
+    /// The established credential the request is made with: the signing layer signs with
+    /// its key, and a cached answer is only ever served to the same
+    /// [`auth::Session::credential`] (the session itself is not part of the cache key).
+    pub session: auth::Session,
     /// The secret.
     pub secret: SecretRef,
     /// The version.
@@ -136,7 +137,7 @@ pub struct SecretRequest {
 impl SecretRequest {
     /// Who the request is made as.
     pub fn identity(&self) -> Identity {
-        self.credential.identity()
+        self.session.identity()
     }
 
     /// How errors name the secret: the name and vault, or the OCID, and the selector.
@@ -229,10 +230,10 @@ mod tests {
     fn request(secret: SecretRef, selector: Selector) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.example.com/".into(),
-            credential: auth::Credential::Instance {
+            session: auth::Session::for_tests(auth::Credential::Instance {
                 tenancy: "ocid1.tenancy.oc1..t".into(),
                 instance: "ocid1.instance.oc1..i".into(),
-            },
+            }),
             secret,
             selector,
             deadline: Instant::now(),

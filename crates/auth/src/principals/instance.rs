@@ -15,7 +15,7 @@ use super::{Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
 use crate::region::Region;
 use crate::remote::{build, error_detail, send};
-use crate::signing::{KeyId, SignatureProfile, SigningKey, sign_request};
+use crate::signing::{BoxFuture, KeyId, SignatureProfile, SigningKey, sign_request};
 use crate::{Credential, Identity, PrivateKey, jwt};
 
 /// The instance's session token and key.
@@ -40,20 +40,13 @@ impl cache::CacheValue for Session {
 }
 
 impl Session {
-    /// The key this credential signs with (to tell it from a renewed one).
-    pub(crate) fn signing_key(&self) -> &SigningKey {
-        &self.key
-    }
-}
-
-impl Session {
     fn usable(&self, now: SystemTime) -> bool {
         !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
     }
 }
 
 pub(super) async fn establish(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     deadline: tokio::time::Instant,
 ) -> Result<super::Established, AuthError> {
     let region = region(inner, deadline).await?;
@@ -62,17 +55,44 @@ pub(super) async fn establish(
     let session = session(inner, deadline).await?;
     Ok(super::Established {
         region: Some(region.clone()),
-        credential: session.credential,
+        session: crate::Session::renewable(
+            session.credential,
+            session.key,
+            Arc::new(Renewal(Arc::clone(inner))),
+        ),
         secrets_endpoint,
         certificates_endpoint,
     })
 }
 
-pub(super) async fn signing_key(
-    inner: &Inner,
-    deadline: tokio::time::Instant,
-) -> Result<SigningKey, AuthError> {
-    Ok(session(inner, deadline).await?.key)
+/// How an established instance session renews after OCI refuses its token: the node has
+/// one, federated again (single flight) unless another request already did.
+pub(super) struct Renewal(Arc<Inner>);
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("instance::Renewal")
+    }
+}
+
+impl crate::session::Renew for Renewal {
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(session) = self.0.instance.get(&()).await
+                && session.key.key_id().expose_secret() == rejected.expose_secret()
+            {
+                session.invalidated.store(true, Ordering::Relaxed);
+                tracing::debug!("instance session invalidated after a 401 from oci");
+            }
+        })
+    }
+
+    fn renew(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
+        Box::pin(async move { Ok(Some(session(&self.0, deadline).await?.key)) })
+    }
 }
 
 /// The cached session while it is fresh, else one federation (single flight).

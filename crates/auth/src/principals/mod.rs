@@ -1,6 +1,6 @@
 //! The three principals behind one façade: [`Principals::establish`] finds (or renews) the
-//! credential of one mount's identity, and [`Principals`] as [`Credentials`] hands the
-//! signing layer the key of an established identity from its cache.
+//! credential of one mount's identity and answers with a [`Session`] that signs the mount's
+//! requests and renews itself through the principal that made it.
 
 mod instance;
 mod keyload;
@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use cache::{Cache, CacheConfig, CacheStats};
@@ -21,16 +20,12 @@ use transport::HttpService;
 
 use crate::kube::KubeApi;
 use crate::region::{Region, Regions};
-use crate::signing::{BoxFuture, Credentials, KeyId, SigningKey};
-use crate::{AuthError, Credential, Identity, SharedClock};
+use crate::signing::BoxFuture;
+use crate::{AuthError, Identity, Session, SharedClock};
 
 /// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
 /// service-account token is only sent if it is valid for longer.
 pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(300);
-
-/// How long renewals started by the signing layer (after a 401, or an expiry between
-/// mount and call) may take, when no mount deadline is at hand.
-const BACKGROUND_BUDGET: Duration = Duration::from_secs(30);
 
 /// The default instance metadata base URL (spec 4.1). Tests must never use it.
 pub const DEFAULT_INSTANCE_METADATA: &str = "http://169.254.169.254/opc/v2";
@@ -257,10 +252,10 @@ impl IdentityRequest {
 /// The identity a mount's OCI calls are made as, and where they go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Established {
-    /// Exactly which credential was established: its [`Established::identity`] goes in the
-    /// extensions of every request of this mount, and anything fetched with it is cached
-    /// under it.
-    pub credential: Credential,
+    /// The credential as a capability: it goes in the extensions of every request of this
+    /// mount (the signing layer signs with it), and anything fetched with it is cached
+    /// under its [`Session::credential`].
+    pub session: Session,
     /// The principal's region, when known (its realm bounds where a failover may go).
     pub region: Option<Region>,
     /// Secrets API base URL, without a trailing slash.
@@ -272,7 +267,12 @@ pub struct Established {
 impl Established {
     /// Who the mount's requests are made as.
     pub fn identity(&self) -> Identity {
-        self.credential.identity()
+        self.session.identity()
+    }
+
+    /// Exactly which credential was established.
+    pub fn credential(&self) -> &crate::Credential {
+        self.session.credential()
     }
 }
 
@@ -310,8 +310,8 @@ where
 /// The principals of the process: user keys, workload RPSTs and the instance token,
 /// each cached per [`Identity`].
 ///
-/// Cloning is cheap and clones share the caches; hand one clone to the
-/// [`SigningLayer`](crate::SigningLayer) as its [`Credentials`].
+/// Cloning is cheap and clones share the caches. Each [`Established`] it answers carries
+/// the [`Session`] the mount's requests are signed with.
 #[derive(Clone)]
 pub struct Principals {
     inner: Arc<Inner>,
@@ -561,64 +561,6 @@ impl tower::Service<IdentityRequest> for Principals {
     fn call(&mut self, request: IdentityRequest) -> Self::Future {
         let principals = self.clone();
         Box::pin(async move { principals.establish(&request).await })
-    }
-}
-
-impl Credentials for Principals {
-    fn signing_key<'a>(
-        &'a self,
-        identity: &'a Identity,
-    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
-        Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + BACKGROUND_BUDGET;
-            match identity {
-                Identity::User { .. } => user::signing_key(&self.inner, identity, deadline).await,
-                Identity::Workload { .. } => {
-                    workload::signing_key(&self.inner, identity, deadline).await
-                }
-                Identity::Instance => instance::signing_key(&self.inner, deadline).await,
-            }
-        })
-    }
-
-    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let same = |key: &SigningKey| key.key_id().expose_secret() == rejected.expose_secret();
-            match identity {
-                Identity::User {
-                    namespace,
-                    secret_name,
-                } => {
-                    let key = (namespace.clone(), secret_name.clone());
-                    self.inner
-                        .users
-                        .invalidate_if(&key, |user| same(user.signing_key()))
-                        .await;
-                }
-                // The session stays (its service-account token renews it), marked unusable.
-                Identity::Workload {
-                    namespace,
-                    service_account,
-                    ..
-                } => {
-                    let key = (namespace.clone(), service_account.clone());
-                    if let Some(session) = self.inner.workloads.get(&key).await
-                        && &session.identity == identity
-                        && same(session.signing_key())
-                    {
-                        session.invalidated.store(true, Ordering::Relaxed);
-                    }
-                }
-                Identity::Instance => {
-                    if let Some(session) = self.inner.instance.get(&()).await
-                        && same(session.signing_key())
-                    {
-                        session.invalidated.store(true, Ordering::Relaxed);
-                    }
-                }
-            }
-            tracing::debug!(%identity, "credentials invalidated after a 401 from oci");
-        })
     }
 }
 

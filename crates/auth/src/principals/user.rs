@@ -12,8 +12,8 @@ use zeroize::Zeroizing;
 use super::{IdentityRequest, Inner};
 use crate::error::{AuthError, UserSecretError};
 use crate::region::Region;
-use crate::signing::{KeyId, SigningKey};
-use crate::{Credential, Identity, PrivateKey};
+use crate::signing::{BoxFuture, KeyId, SigningKey};
+use crate::{Credential, PrivateKey};
 
 /// A loaded user key and where its calls go.
 #[derive(Clone, Debug)]
@@ -26,13 +26,6 @@ pub(crate) struct UserKey {
 impl cache::CacheValue for UserKey {
     fn bytes(&self) -> usize {
         super::CREDENTIAL_BYTES
-    }
-}
-
-impl UserKey {
-    /// The key this credential signs with (to tell it from a renewed one).
-    pub(crate) fn signing_key(&self) -> &SigningKey {
-        &self.key
     }
 }
 
@@ -80,7 +73,7 @@ struct Config {
 }
 
 pub(super) async fn establish(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     request: &IdentityRequest,
     secret_name: &str,
 ) -> Result<super::Established, AuthError> {
@@ -117,10 +110,53 @@ pub(super) async fn establish(
         })?;
     Ok(super::Established {
         region: Some(loaded.region.clone()),
-        credential: loaded.credential.clone(),
         secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
         certificates_endpoint: inner.certificates_endpoint(Some(&loaded.region))?,
+        session: crate::Session::renewable(
+            loaded.credential.clone(),
+            loaded.key.clone(),
+            Arc::new(Renewal {
+                inner: Arc::clone(inner),
+                secret: (namespace.to_owned(), secret_name.to_owned()),
+            }),
+        ),
     })
+}
+
+/// What a user key does after OCI refuses it: the cached key is dropped (if it is still the
+/// refused one), so the next mount reads the Secret again; it is not renewed within a
+/// request (a new key means someone edited the Secret, which a retry would not wait for).
+pub(super) struct Renewal {
+    inner: Arc<Inner>,
+    /// The Secret's namespace and name.
+    secret: (String, String),
+}
+
+impl fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("user::Renewal")
+            .field("secret", &self.secret)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::session::Renew for Renewal {
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let same =
+                |user: &UserKey| user.key.key_id().expose_secret() == rejected.expose_secret();
+            self.inner.users.invalidate_if(&self.secret, same).await;
+            tracing::debug!(namespace = %self.secret.0, secret = %self.secret.1,
+                "user key dropped after a 401 from oci");
+        })
+    }
+
+    fn renew(
+        &self,
+        _deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 /// The key of `namespace/secret_name`: the cached one while younger than the TTL, else the
@@ -148,28 +184,6 @@ async fn cached_or_load(
         )
         .await?;
     Ok(loaded)
-}
-
-/// The key to sign with: the cached one within its TTL, else the Secret read again, so a
-/// mount that established just before a 401 dropped the key (or the TTL ran out) signs
-/// with the fresh key instead of failing.
-pub(super) async fn signing_key(
-    inner: &Inner,
-    identity: &Identity,
-    deadline: tokio::time::Instant,
-) -> Result<SigningKey, AuthError> {
-    let Identity::User {
-        namespace,
-        secret_name,
-    } = identity
-    else {
-        return Err(AuthError::NotEstablished {
-            identity: identity.clone(),
-        });
-    };
-    Ok(cached_or_load(inner, namespace, secret_name, deadline)
-        .await?
-        .key)
 }
 
 async fn load(

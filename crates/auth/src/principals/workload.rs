@@ -15,7 +15,7 @@ use zeroize::Zeroizing;
 use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
 use crate::remote::{build, error_detail, opc_request_id, send};
-use crate::signing::{KeyId, SigningKey};
+use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, Identity, jwt};
 
 /// A workload's RPST with its session key, and what is needed to renew it.
@@ -44,13 +44,6 @@ impl cache::CacheValue for Session {
     /// renew without a TokenRequest).
     fn expires(&self) -> Option<SystemTime> {
         Some(self.exp.max(self.sa_exp))
-    }
-}
-
-impl Session {
-    /// The key this credential signs with (to tell it from a renewed one).
-    pub(crate) fn signing_key(&self) -> &SigningKey {
-        &self.key
     }
 }
 
@@ -125,7 +118,7 @@ enum Source {
 }
 
 pub(super) async fn establish(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     request: &IdentityRequest,
 ) -> Result<super::Established, AuthError> {
     let namespace = request.namespace()?;
@@ -216,42 +209,91 @@ pub(super) async fn establish(
         .await?;
     Ok(super::Established {
         region: inner.region.clone(),
-        credential: session.credential.clone(),
+        session: crate::Session::renewable(
+            session.credential.clone(),
+            session.key.clone(),
+            Arc::new(Renewal {
+                inner: Arc::clone(inner),
+                current: session,
+            }),
+        ),
         secrets_endpoint,
         certificates_endpoint,
     })
 }
 
-/// The key of an established workload identity, renewed if it expired or was invalidated
-/// (with the last service-account token while it is valid, else a TokenRequest).
-pub(super) async fn signing_key(
+/// How an established workload session renews after OCI refuses its RPST.
+pub(super) struct Renewal {
+    inner: Arc<Inner>,
+    /// The session as the mount established it.
+    current: Session,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("workload::Renewal")
+            .field("identity", &self.current.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::session::Renew for Renewal {
+    /// The cached session stays (its service-account token renews it), marked unusable, if
+    /// it still signs with the refused key.
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let identity = &self.current.identity;
+            let Identity::Workload {
+                namespace,
+                service_account,
+                ..
+            } = identity
+            else {
+                return;
+            };
+            let key = (namespace.clone(), service_account.clone());
+            if let Some(session) = self.inner.workloads.get(&key).await
+                && &session.identity == identity
+                && session.key.key_id().expose_secret() == rejected.expose_secret()
+            {
+                session.invalidated.store(true, Ordering::Relaxed);
+                tracing::debug!(%identity, "workload session invalidated after a 401 from oci");
+            }
+        })
+    }
+
+    fn renew(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
+        Box::pin(async move { renew(&self.inner, &self.current, deadline).await.map(Some) })
+    }
+}
+
+/// A fresh key for the identity `current` was established as: the cached session if another
+/// request renewed it already, else one exchange (single flight) with the last
+/// service-account token while it is valid, else a TokenRequest bound to the same pod.
+async fn renew(
     inner: &Inner,
-    identity: &Identity,
+    current: &Session,
     deadline: tokio::time::Instant,
 ) -> Result<SigningKey, AuthError> {
+    let identity = &current.identity;
     let Identity::Workload {
         namespace,
         service_account,
         ..
     } = identity
     else {
-        return Err(AuthError::NotEstablished {
-            identity: identity.clone(),
-        });
+        return Err(AuthError::Internal(
+            "a workload session of another identity",
+        ));
     };
-    let not_established = || AuthError::NotEstablished {
+    let cannot = |reason: &'static str| AuthError::CannotRenew {
         identity: identity.clone(),
+        reason,
     };
     let key = (namespace.clone(), service_account.clone());
-    let current = inner
-        .workloads
-        .get(&key)
-        .await
-        .filter(|s| &s.identity == identity)
-        .ok_or_else(not_established)?;
-    if current.usable(inner.now()) {
-        return Ok(current.key);
-    }
     let (session, _) = inner
         .workloads
         .get_or_fetch(
@@ -277,7 +319,10 @@ pub(super) async fn signing_key(
                     {
                         request_token(inner, namespace, service_account, pod, deadline).await?
                     } else {
-                        return Err(not_established());
+                        return Err(cannot(
+                            "its service-account token expired and no TokenRequest can replace \
+                             it (token requests off, or no pod to bind one to)",
+                        ));
                     };
                     exchange(
                         inner,
@@ -294,8 +339,9 @@ pub(super) async fn signing_key(
         )
         .await?;
     if &session.identity != identity {
-        // The service account was recreated in between: the old identity is gone.
-        return Err(not_established());
+        return Err(cannot(
+            "the service account was recreated since the mount established it",
+        ));
     }
     Ok(session.key)
 }

@@ -13,46 +13,25 @@ use bytes::Bytes;
 use http::{Method, Request};
 use oci_csi_auth::signature::SignatureProfile;
 use oci_csi_auth::{
-    AuthError, BoxFuture, Credentials, Identity, KeyId, ManualClock, PrivateKey, SignedResponse,
-    SigningKey, SigningLayer,
+    AuthError, Credential, KeyId, ManualClock, PrivateKey, Session, SignedResponse, SigningKey,
+    SigningLayer,
 };
 use tower_test::mock;
 
 use crate::{SPEC_KEY, spec_date};
 
-/// What the mock upstream answers: never a 401.
+/// What the mock upstream answers: `Answer("401")` is a 401.
 #[derive(Debug, PartialEq, Eq)]
 struct Answer(&'static str);
 
 impl SignedResponse for Answer {
     fn is_unauthorized(&self) -> bool {
-        false
+        self.0 == "401"
     }
 }
 
-/// Credentials from a fixed table, one key per identity.
-#[derive(Debug)]
-struct Table(HashMap<Identity, SigningKey>);
-
-impl Credentials for Table {
-    fn signing_key<'a>(
-        &'a self,
-        identity: &'a Identity,
-    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
-        Box::pin(async move {
-            self.0
-                .get(identity)
-                .cloned()
-                .ok_or_else(|| AuthError::Credentials {
-                    identity: identity.clone(),
-                    source: "no such principal in the test table".into(),
-                })
-        })
-    }
-}
-
-fn workload(name: &str) -> Identity {
-    Identity::Workload {
+fn workload(name: &str) -> Credential {
+    Credential::Workload {
         namespace: "team".into(),
         service_account: name.into(),
         service_account_uid: None,
@@ -67,28 +46,30 @@ struct Fixture {
     clock: Arc<ManualClock>,
     key_a: Arc<PrivateKey>,
     key_b: Arc<PrivateKey>,
+    a: Session,
+    b: Session,
 }
 
 fn fixture() -> Fixture {
     let key_a = Arc::new(PrivateKey::from_pem(SPEC_KEY.as_bytes(), None).unwrap());
     let key_b = Arc::new(PrivateKey::generate_rsa_2048().unwrap());
-    let table = Table(HashMap::from([
-        (
-            workload("a"),
-            SigningKey::new(KeyId::security_token(TOKEN_A), key_a.clone()),
-        ),
-        (
-            workload("b"),
-            SigningKey::new(KeyId::security_token(TOKEN_B), key_b.clone()),
-        ),
-    ]));
+    let a = Session::fixed(
+        workload("a"),
+        SigningKey::new(KeyId::security_token(TOKEN_A), key_a.clone()),
+    );
+    let b = Session::fixed(
+        workload("b"),
+        SigningKey::new(KeyId::security_token(TOKEN_B), key_b.clone()),
+    );
     let clock = Arc::new(ManualClock::new(spec_date()));
-    let layer = SigningLayer::new(Arc::new(table), clock.clone());
+    let layer = SigningLayer::new(clock.clone());
     Fixture {
         layer,
         clock,
         key_a,
         key_b,
+        a,
+        b,
     }
 }
 
@@ -96,15 +77,15 @@ fn request(
     method: Method,
     uri: &str,
     body: &'static [u8],
-    identity: Option<Identity>,
+    session: Option<Session>,
 ) -> Request<Bytes> {
     let mut request = Request::builder()
         .method(method)
         .uri(uri)
         .body(Bytes::from_static(body))
         .unwrap();
-    if let Some(identity) = identity {
-        request.extensions_mut().insert(identity);
+    if let Some(session) = session {
+        request.extensions_mut().insert(session);
     }
     request
 }
@@ -216,11 +197,11 @@ async fn layer_signs_each_request_with_its_identitys_key() {
     let (mut service, mut handle) =
         mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
 
-    for (identity, token, method, body) in [
-        (workload("a"), TOKEN_A, Method::POST, &b""[..]),
-        (workload("b"), TOKEN_B, Method::GET, &b""[..]),
-        (workload("a"), TOKEN_A, Method::PUT, &br#"{"k":"v"}"#[..]),
-        (workload("b"), TOKEN_B, Method::DELETE, &b""[..]),
+    for (session, token, method, body) in [
+        (&fixture.a, TOKEN_A, Method::POST, &b""[..]),
+        (&fixture.b, TOKEN_B, Method::GET, &b""[..]),
+        (&fixture.a, TOKEN_A, Method::PUT, &br#"{"k":"v"}"#[..]),
+        (&fixture.b, TOKEN_B, Method::DELETE, &b""[..]),
     ] {
         handle.allow(1);
         assert!(matches!(service.poll_ready(), Poll::Ready(Ok(()))));
@@ -228,7 +209,7 @@ async fn layer_signs_each_request_with_its_identitys_key() {
             method.clone(),
             "https://secrets.vaults.eu-frankfurt-1.oci.oraclecloud.com:8443/20190301/secretbundles/x?stage=CURRENT",
             body,
-            Some(identity),
+            Some(session.clone()),
         )));
         let (sent, reply) = handle.next_request().await.unwrap();
         let verified = verify(&sent, &keys).unwrap_or_else(|err| panic!("{method}: {err}"));
@@ -257,7 +238,7 @@ async fn a_key_from_another_identity_does_not_verify() {
         Method::GET,
         "https://h.example/x",
         b"",
-        Some(workload("a")),
+        Some(fixture.a.clone()),
     )));
     let (sent, _reply) = handle.next_request().await.unwrap();
     assert_eq!(verify(&sent, &keys).unwrap_err(), "bad signature");
@@ -275,7 +256,7 @@ async fn date_comes_from_the_clock_at_signing_time() {
         Method::GET,
         "https://h.example/x",
         b"",
-        Some(workload("b")),
+        Some(fixture.b.clone()),
     )));
     let (sent, _reply) = handle.next_request().await.unwrap();
     assert_eq!(sent.headers()["date"], "Thu, 05 Jan 2023 22:31:40 GMT");
@@ -283,7 +264,7 @@ async fn date_comes_from_the_clock_at_signing_time() {
 }
 
 #[tokio::test]
-async fn request_without_identity_is_an_error_and_never_reaches_the_inner_service() {
+async fn request_without_a_session_is_an_error_and_never_reaches_the_inner_service() {
     let fixture = fixture();
     let (mut service, mut handle) =
         mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
@@ -294,37 +275,51 @@ async fn request_without_identity_is_an_error_and_never_reaches_the_inner_servic
         .await
         .unwrap_err();
     let err = err.downcast::<AuthError>().unwrap();
-    assert!(matches!(*err, AuthError::MissingIdentity), "{err:?}");
+    assert!(matches!(*err, AuthError::MissingSession), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "the request carries no identity to sign it with"
+        "the request carries no established session to sign it with"
     );
     // Nothing was forwarded.
     assert!(handle.poll_request().is_pending());
 }
 
+/// A session that cannot renew (a fixed key) is refused after one attempt, even with a
+/// security token and time left: the error names the identity, the token is not in it.
 #[tokio::test]
-async fn credential_failure_names_the_identity() {
+async fn a_refused_fixed_session_is_not_retried_and_names_the_identity() {
     let fixture = fixture();
     let (mut service, mut handle) =
         mock::spawn_layer::<Request<Bytes>, Answer, _>(fixture.layer.clone());
-    handle.allow(1);
+    handle.allow(2);
     assert!(service.poll_ready().is_ready());
-    let err = service
-        .call(request(
-            Method::GET,
-            "https://h.example/x",
-            b"",
-            Some(workload("stranger")),
-        ))
+    let mut refused = request(
+        Method::GET,
+        "https://h.example/x",
+        b"",
+        Some(fixture.a.clone()),
+    );
+    refused.extensions_mut().insert(transport::Deadline(
+        tokio::time::Instant::now() + Duration::from_secs(30),
+    ));
+    let response = tokio::spawn(service.call(refused));
+    let (_sent, reply) = handle.next_request().await.unwrap();
+    reply.send_response(Answer("401"));
+    let err = response
         .await
+        .unwrap()
         .unwrap_err()
         .downcast::<AuthError>()
         .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "cannot obtain credentials for workload identity of service account team/stranger"
+    assert!(matches!(*err, AuthError::Unauthorized { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("workload identity of service account team/a"),
+        "{err}"
     );
+    assert!(!err.to_string().contains(TOKEN_A));
+    // One attempt only.
+    assert!(handle.poll_request().is_pending());
 }
 
 #[tokio::test]
@@ -359,7 +354,7 @@ async fn security_token_is_hidden_from_debug_of_the_signed_request() {
         Method::GET,
         "https://h.example/x",
         b"",
-        Some(workload("a")),
+        Some(fixture.a.clone()),
     )));
     let (sent, _reply) = handle.next_request().await.unwrap();
     assert!(sent.headers()["authorization"].is_sensitive());
@@ -379,7 +374,7 @@ async fn signature_profile_in_the_extensions_selects_the_federation_headers() {
         Method::POST,
         "https://auth.us-ashburn-1.oraclecloud.com/v1/x509",
         b"{}",
-        Some(workload("a")),
+        Some(fixture.a.clone()),
     );
     federation
         .extensions_mut()

@@ -9,12 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use oci_csi_auth::{
-    AuthError, BoxError, BoxFuture, Credentials, ErrorKind, Established, Identity, IdentityRequest,
-    KeyId, ManualClock, PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock,
-    SigningKey, SigningLayer,
+    AuthError, BoxError, ErrorKind, Established, Identity, IdentityRequest, ManualClock,
+    PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock, SigningLayer,
 };
 use secrecy::SecretString;
-use testkit::{Emulator, Endpoint, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
+use testkit::{Emulator, Endpoint, Fault, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
 use tower::{Layer as _, ServiceExt as _};
 use transport::{Deadline, HttpService, Transport, TransportConfig};
 
@@ -123,13 +122,18 @@ fn with_token(mut request: IdentityRequest, token: String) -> IdentityRequest {
     request
 }
 
-/// A signed GetSecretBundleByName (spec 2.2) through the signing layer over the transport.
-async fn get_by_name(
-    credentials: Arc<dyn Credentials>,
+/// A signed GetSecretBundleByName (spec 2.2) through the signing layer over the transport,
+/// carrying the mount's session.
+async fn get_by_name(fx: &Fixture, established: &Established) -> Result<Response<Bytes>, BoxError> {
+    get_by_name_by(fx, established, deadline()).await
+}
+
+async fn get_by_name_by(
     fx: &Fixture,
     established: &Established,
+    by: tokio::time::Instant,
 ) -> Result<Response<Bytes>, BoxError> {
-    let service = SigningLayer::new(credentials, fx.clock.clone()).layer(fx.http.clone());
+    let service = SigningLayer::new(fx.clock.clone()).layer(fx.http.clone());
     let mut request = Request::builder()
         .method(Method::POST)
         .uri(format!(
@@ -138,17 +142,14 @@ async fn get_by_name(
         ))
         .body(Bytes::new())
         .unwrap();
-    request
-        .extensions_mut()
-        .insert(established.identity().clone());
-    request.extensions_mut().insert(Deadline(deadline()));
+    request.extensions_mut().insert(established.session.clone());
+    request.extensions_mut().insert(Deadline(by));
     service.oneshot(request).await
 }
 
 /// A signed GetSecretBundle (GET).
 async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
-    let service =
-        SigningLayer::new(Arc::new(fx.principals.clone()), fx.clock.clone()).layer(fx.http.clone());
+    let service = SigningLayer::new(fx.clock.clone()).layer(fx.http.clone());
     let mut request = Request::builder()
         .method(Method::GET)
         .uri(format!(
@@ -157,44 +158,16 @@ async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
         ))
         .body(Bytes::new())
         .unwrap();
-    request
-        .extensions_mut()
-        .insert(established.identity().clone());
+    request.extensions_mut().insert(established.session.clone());
     service.oneshot(request).await.unwrap()
 }
 
-fn own(fx: &Fixture) -> Arc<dyn Credentials> {
-    Arc::new(fx.principals.clone())
-}
-
-/// Answers with the principal's key id but another private key.
-#[derive(Debug)]
-struct WrongKey {
-    inner: Principals,
-    key: Arc<PrivateKey>,
-}
-
-impl Credentials for WrongKey {
-    fn signing_key<'a>(
-        &'a self,
-        identity: &'a Identity,
-    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
-        Box::pin(async move {
-            let real = self.inner.signing_key(identity).await?;
-            Ok(SigningKey::new(real.key_id().clone(), self.key.clone()))
-        })
-    }
-
-    fn invalidate<'a>(&'a self, identity: &'a Identity, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
-        self.inner.invalidate(identity, rejected)
-    }
-}
-
-fn wrong_key(fx: &Fixture) -> Arc<dyn Credentials> {
-    Arc::new(WrongKey {
-        inner: fx.principals.clone(),
-        key: Arc::new(PrivateKey::from_pem(SPEC_KEY.as_bytes(), None).unwrap()),
-    })
+/// OCI refuses the next `n` Secrets calls with a 401 (a revoked token or a rotated key).
+fn refuse_next(fx: &Fixture, n: usize) {
+    fx.emu.script(
+        Endpoint::Secrets,
+        std::iter::repeat_n(Fault::Status(401), n),
+    );
 }
 
 fn auth_error(error: BoxError) -> AuthError {
@@ -276,7 +249,7 @@ async fn user_principal_end_to_end_signs_verified_post_and_get() {
             secret_name: "oci-config".into()
         }
     );
-    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    let response = get_by_name(&fx, &established).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(get_by_id(&fx, &established).await.status(), 200);
     let calls = fx.emu.secrets_calls();
@@ -309,7 +282,7 @@ async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprint
     )
     .await;
     let established = fx.principals.establish(&user_request()).await.unwrap();
-    let error = auth_error(get_by_name(own(&fx), &fx, &established).await.unwrap_err());
+    let error = auth_error(get_by_name(&fx, &established).await.unwrap_err());
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     let message = error.to_string();
     assert!(message.contains("user principal"), "{message}");
@@ -322,30 +295,39 @@ async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprint
     assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
 }
 
+/// A mount signs with the key it established, even if it outlives the TTL; the next mount
+/// past the TTL reads the Secret again.
 #[tokio::test]
-async fn a_user_key_past_its_ttl_is_read_again_when_signing() {
+async fn a_user_key_past_its_ttl_is_read_again_by_the_next_mount() {
     let fx = user_fixture().await;
     let established = fx.principals.establish(&user_request()).await.unwrap();
     let reads = fx.emu.stats().arrived(Endpoint::Kube);
-    // The mount established, then took longer than the TTL: the key is not served stale.
     fx.clock.advance(Duration::from_secs(61));
-    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    let response = get_by_name(&fx, &established).await.unwrap();
     assert_eq!(response.status(), 200);
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads);
+    let next = fx.principals.establish(&user_request()).await.unwrap();
     assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
+    assert_eq!(get_by_name(&fx, &next).await.unwrap().status(), 200);
 }
 
 #[tokio::test]
-async fn mounts_established_before_a_401_sign_with_the_secret_read_again() {
+async fn a_401_drops_the_cached_user_key_without_failing_mounts_already_established() {
     let fx = user_fixture().await;
     let first = fx.principals.establish(&user_request()).await.unwrap();
     let second = fx.principals.establish(&user_request()).await.unwrap();
-    // The first mount's request is refused (a key rotated in OCI, say): the cached key is
-    // dropped. The second mount, already past establish, must not fail for that.
-    let error = auth_error(get_by_name(wrong_key(&fx), &fx, &first).await.unwrap_err());
+    // The first mount's request is refused (a key rotated in OCI, say): no retry, and the
+    // cached key is dropped. The second mount, already past establish, signs with its own
+    // session; the next mount reads the Secret again.
+    refuse_next(&fx, 1);
+    let error = auth_error(get_by_name(&fx, &first).await.unwrap_err());
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    assert_eq!(fx.emu.stats().responses(Endpoint::Secrets, 401), 1);
     let reads = fx.emu.stats().arrived(Endpoint::Kube);
-    let response = get_by_name(own(&fx), &fx, &second).await.unwrap();
+    let response = get_by_name(&fx, &second).await.unwrap();
     assert_eq!(response.status(), 200);
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads);
+    fx.principals.establish(&user_request()).await.unwrap();
     assert_eq!(fx.emu.stats().arrived(Endpoint::Kube), reads + 1);
 }
 
@@ -515,13 +497,7 @@ async fn workload_identity_end_to_end_with_driver_token_and_with_token_request()
     else {
         panic!("no uid: {:?}", established.identity());
     };
-    assert_eq!(
-        get_by_name(own(&fx), &fx, &established)
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
     assert_eq!(get_by_id(&fx, &established).await.status(), 200);
     let stats = fx.emu.stats();
     assert_eq!(stats.proxymux_exchanges(NS, SA), 1);
@@ -533,10 +509,7 @@ async fn workload_identity_end_to_end_with_driver_token_and_with_token_request()
         .establish(&request(PrincipalKind::Workload, "sa-1"))
         .await
         .unwrap();
-    assert_eq!(
-        get_by_name(own(&fx), &fx, &other).await.unwrap().status(),
-        200
-    );
+    assert_eq!(get_by_name(&fx, &other).await.unwrap().status(), 200);
     let stats = fx.emu.stats();
     assert_eq!(stats.total_token_requests(), 1);
     assert_eq!(stats.proxymux_exchanges(NS, "sa-1"), 1);
@@ -546,7 +519,7 @@ async fn workload_identity_end_to_end_with_driver_token_and_with_token_request()
 }
 
 #[tokio::test]
-async fn workload_identity_with_wrong_key_retries_once_then_is_unauthenticated() {
+async fn a_refused_workload_token_is_renewed_once_then_is_unauthenticated() {
     let fx = start(base_seed(), |_, _| {}).await;
     let token = sa_token(&fx, SA, Duration::from_secs(3600));
     let established = fx
@@ -554,11 +527,8 @@ async fn workload_identity_with_wrong_key_retries_once_then_is_unauthenticated()
         .establish(&with_token(request(PrincipalKind::Workload, SA), token))
         .await
         .unwrap();
-    let error = auth_error(
-        get_by_name(wrong_key(&fx), &fx, &established)
-            .await
-            .unwrap_err(),
-    );
+    refuse_next(&fx, 2);
+    let error = auth_error(get_by_name(&fx, &established).await.unwrap_err());
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     assert!(error.to_string().contains("workload identity"), "{error}");
     let stats = fx.emu.stats();
@@ -570,6 +540,27 @@ async fn workload_identity_with_wrong_key_retries_once_then_is_unauthenticated()
     );
 }
 
+/// The renewal after a 401 runs within the request's own deadline: a proxymux that never
+/// answers ends the request at its deadline, not after a budget of the principal's.
+#[tokio::test]
+async fn the_renewal_after_a_401_ends_at_the_requests_deadline() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let established = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    refuse_next(&fx, 1);
+    fx.emu.close_gate(Endpoint::Proxymux);
+    let by = tokio::time::Instant::now() + Duration::from_millis(1500);
+    let error = auth_error(get_by_name_by(&fx, &established, by).await.unwrap_err());
+    assert_eq!(error.kind(), ErrorKind::DeadlineExceeded, "{error}");
+    assert!(tokio::time::Instant::now() >= by);
+    assert_eq!(fx.emu.stats().responses(Endpoint::Secrets, 401), 1);
+    fx.emu.open_gate(Endpoint::Proxymux);
+}
+
 #[tokio::test]
 async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
     let fx = start(base_seed(), |_, _| {}).await;
@@ -579,11 +570,11 @@ async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
         .establish(&with_token(request(PrincipalKind::Workload, SA), token))
         .await
         .unwrap();
-    let identity = &established.identity();
-    let first = fx.principals.signing_key(identity).await.unwrap();
+    let session = &established.session;
+    let first = session.key().clone();
     // The first refused request renews the token...
-    fx.principals.invalidate(identity, first.key_id()).await;
-    let second = fx.principals.signing_key(identity).await.unwrap();
+    session.invalidate(first.key_id()).await;
+    let second = session.renew(deadline()).await.unwrap().unwrap();
     assert_ne!(
         second.key_id().expose_secret(),
         first.key_id().expose_secret()
@@ -591,14 +582,25 @@ async fn a_late_401_for_a_replaced_token_does_not_discard_the_renewed_one() {
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
     // ...and a second request, signed with the old token and refused a moment later, must
     // not throw the new one away.
-    fx.principals.invalidate(identity, first.key_id()).await;
-    let third = fx.principals.signing_key(identity).await.unwrap();
+    session.invalidate(first.key_id()).await;
+    let third = session.renew(deadline()).await.unwrap().unwrap();
     assert_eq!(
         third.key_id().expose_secret(),
         second.key_id().expose_secret()
     );
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
-    let response = get_by_name(own(&fx), &fx, &established).await.unwrap();
+    // A new mount gets the renewed token too.
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let again = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.session.key().key_id().expose_secret(),
+        second.key_id().expose_secret()
+    );
+    let response = get_by_name(&fx, &again).await.unwrap();
     assert_eq!(response.status(), 200);
 }
 
@@ -644,7 +646,7 @@ async fn two_hundred_concurrent_mounts_of_one_identity_make_one_exchange() {
         .map(|e| {
             let fx = fx.clone();
             let e = e.clone();
-            tokio::spawn(async move { get_by_name(own(&fx), &fx, &e).await.unwrap().status() })
+            tokio::spawn(async move { get_by_name(&fx, &e).await.unwrap().status() })
         })
         .collect();
     for call in calls {
@@ -708,13 +710,7 @@ async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_reques
         };
         assert_eq!(service_account, sa);
         let before = fx.emu.secrets_calls().len();
-        assert_eq!(
-            get_by_name(own(&fx), &fx, established)
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(get_by_name(&fx, established).await.unwrap().status(), 200);
         let call = &fx.emu.secrets_calls()[before];
         assert_eq!(call.identity, Some(principal_of(&established.identity())));
     }
@@ -738,11 +734,7 @@ async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session
     let mount = || with_token(request(PrincipalKind::Workload, SA), token.clone());
     let t0 = fx.clock.now_for_test();
     let established = fx.principals.establish(&mount()).await.unwrap();
-    let first = fx
-        .principals
-        .signing_key(&established.identity())
-        .await
-        .unwrap();
+    let first = established.session.key().clone();
     // The emulator's RPSTs live 1200 s: expiry at t0 + 1200.
     fx.clock.set(t0 + Duration::from_secs(1200 - 301));
     fx.principals.establish(&mount()).await.unwrap();
@@ -751,16 +743,13 @@ async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session
     let again = fx.principals.establish(&mount()).await.unwrap();
     assert_eq!(again.identity(), established.identity());
     assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
-    let second = fx.principals.signing_key(&again.identity()).await.unwrap();
+    let second = again.session.key().clone();
     assert_ne!(
         first.key().public_key_pem(),
         second.key().public_key_pem(),
         "a new podKey"
     );
-    assert_eq!(
-        get_by_name(own(&fx), &fx, &again).await.unwrap().status(),
-        200
-    );
+    assert_eq!(get_by_name(&fx, &again).await.unwrap().status(), 200);
 }
 
 trait NowForTest {
@@ -1030,13 +1019,7 @@ async fn instance_principal_end_to_end_with_the_region_from_instance_metadata() 
         .await
         .unwrap();
     assert_eq!(established.identity(), Identity::Instance);
-    assert_eq!(
-        get_by_name(own(&fx), &fx, &established)
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
     assert_eq!(get_by_id(&fx, &established).await.status(), 200);
     // Process-wide and cached.
     fx.principals
@@ -1060,33 +1043,26 @@ async fn instance_principal_retries_a_401_once_with_a_fresh_token() {
         .await
         .unwrap();
     fx.emu.expire_all_tokens();
-    assert_eq!(
-        get_by_name(own(&fx), &fx, &established)
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
     let stats = fx.emu.stats();
     assert_eq!(stats.federations, 2);
     assert_eq!(stats.responses(Endpoint::Secrets, 401), 1);
 }
 
 #[tokio::test]
-async fn instance_principal_with_wrong_key_is_unauthenticated() {
+async fn a_refused_instance_token_is_renewed_once_then_is_unauthenticated() {
     let fx = start(base_seed(), |_, _| {}).await;
     let established = fx
         .principals
         .establish(&request(PrincipalKind::Instance, SA))
         .await
         .unwrap();
-    let error = auth_error(
-        get_by_name(wrong_key(&fx), &fx, &established)
-            .await
-            .unwrap_err(),
-    );
+    refuse_next(&fx, 2);
+    let error = auth_error(get_by_name(&fx, &established).await.unwrap_err());
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     assert!(error.to_string().contains("instance principal"), "{error}");
+    // Renewed once in between: a second federation.
+    assert_eq!(fx.emu.stats().responses(Endpoint::Secrets, 401), 2);
 }
 
 #[tokio::test]

@@ -138,7 +138,7 @@ async fn stack(ttl: Duration) -> Stack {
     .allow_plain_http(authority(&config.instance_metadata));
     let http = Transport::new(transport).unwrap().service();
     let principals = Principals::new(config, http.clone(), shared.clone()).unwrap();
-    let signed = SigningLayer::new(Arc::new(principals.clone()), shared.clone()).layer(http);
+    let signed = SigningLayer::new(shared.clone()).layer(http);
     let vault = VaultClient::new(signed, RetryPolicy::default());
     let bundles = Cache::new(
         CacheConfig {

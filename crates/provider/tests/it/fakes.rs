@@ -33,11 +33,11 @@ impl tower::Service<auth::IdentityRequest> for Auth {
         Box::pin(async move {
             Ok(auth::Established {
                 region,
-                credential: auth::Credential::Workload {
+                session: auth::Session::for_tests(auth::Credential::Workload {
                     namespace: request.namespace.clone().unwrap_or_default(),
                     service_account: request.service_account.clone().unwrap_or_default(),
                     service_account_uid: None,
-                },
+                }),
                 secrets_endpoint: "https://secrets.example".into(),
                 certificates_endpoint: "https://certificates.example".into(),
             })

@@ -34,7 +34,7 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
     let identity = credential.identity();
     answer.send_response(auth::Established {
         region: None,
-        credential: credential.clone(),
+        session: auth::Session::for_tests(credential.clone()),
         secrets_endpoint: "https://secrets.mock".into(),
         certificates_endpoint: "https://certificates.mock".into(),
     });
@@ -45,7 +45,7 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
     assert_eq!(requests.len(), 2);
     for r in &requests {
         assert_eq!(r.identity(), identity, "fetched as the answered identity");
-        assert_eq!(r.credential, credential);
+        assert_eq!(r.session.credential(), &credential);
         assert_eq!(r.base_url, "https://secrets.mock");
     }
     assert_eq!(vault.in_flight.load(Ordering::SeqCst), 0);

@@ -4,10 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use auth::{
-    AuthError, BoxFuture, Credentials, Identity, KeyId, PrivateKey, Signing, SigningKey,
-    SigningLayer, SystemClock,
-};
+use auth::{KeyId, PrivateKey, Session, Signing, SigningKey, SigningLayer, SystemClock};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use oci_csi_vault::{
@@ -47,30 +44,6 @@ const OLD: &[u8] = b"old-password-value";
 /// Version 3 (PENDING, named "next").
 const NEXT: &[u8] = b"next-password-value";
 
-/// A user API key, for the one identity this test signs as.
-#[derive(Debug)]
-struct UserKey {
-    identity: Identity,
-    key: SigningKey,
-}
-
-impl Credentials for UserKey {
-    fn signing_key<'a>(
-        &'a self,
-        identity: &'a Identity,
-    ) -> BoxFuture<'a, Result<SigningKey, AuthError>> {
-        Box::pin(async move {
-            if *identity == self.identity {
-                Ok(self.key.clone())
-            } else {
-                Err(AuthError::NotEstablished {
-                    identity: identity.clone(),
-                })
-            }
-        })
-    }
-}
-
 fn user_credential() -> auth::Credential {
     auth::Credential::User {
         namespace: "team".into(),
@@ -82,37 +55,28 @@ fn user_credential() -> auth::Credential {
     }
 }
 
-fn user_identity() -> Identity {
-    Identity::User {
-        namespace: "team".into(),
-        secret_name: "oci-user".into(),
-    }
-}
-
 type Client = VaultClient<Signing<HttpService>>;
 
 struct Fixture {
     emu: Emulator,
     transport: Transport,
-    /// A client whose key is registered with the emulator.
     client: Client,
-    /// A client signing with a key the emulator does not know.
-    unknown_key: Client,
+    /// The user's session: a key registered with the emulator.
+    session: Session,
+    /// A session signing with a key the emulator does not know.
+    unknown_key: Session,
 }
 
-fn client(
-    transport: &Transport,
-    key: Arc<PrivateKey>,
-    fingerprint: &str,
-    retry: RetryPolicy,
-) -> Client {
-    let credentials = UserKey {
-        identity: user_identity(),
-        key: SigningKey::new(KeyId::new(format!("{TENANCY}/{USER}/{fingerprint}")), key),
-    };
-    let signed =
-        SigningLayer::new(Arc::new(credentials), Arc::new(SystemClock)).layer(transport.service());
+fn client(transport: &Transport, retry: RetryPolicy) -> Client {
+    let signed = SigningLayer::new(Arc::new(SystemClock)).layer(transport.service());
     VaultClient::new(signed, retry)
+}
+
+fn user_session(key: Arc<PrivateKey>, fingerprint: &str) -> Session {
+    Session::fixed(
+        user_credential(),
+        SigningKey::new(KeyId::new(format!("{TENANCY}/{USER}/{fingerprint}")), key),
+    )
 }
 
 async fn fixture() -> Fixture {
@@ -183,8 +147,9 @@ async fn fixture() -> Fixture {
     let fingerprint = key.fingerprint();
     let other = Arc::new(PrivateKey::generate_rsa_2048().unwrap());
     Fixture {
-        client: client(&transport, key, &fingerprint, retry.clone()),
-        unknown_key: client(&transport, other.clone(), &other.fingerprint(), retry),
+        client: client(&transport, retry),
+        session: user_session(key, &fingerprint),
+        unknown_key: user_session(other.clone(), &other.fingerprint()),
         transport,
         emu,
     }
@@ -194,7 +159,7 @@ impl Fixture {
     fn request(&self, secret: SecretRef, selector: Selector, deadline: Duration) -> SecretRequest {
         SecretRequest {
             base_url: self.emu.url(Endpoint::Secrets),
-            credential: user_credential(),
+            session: self.session.clone(),
             secret,
             selector,
             deadline: Instant::now() + deadline,
@@ -453,12 +418,9 @@ async fn bad_request_is_invalid_argument_with_ocis_code_and_message() {
 #[tokio::test]
 async fn unknown_key_is_unauthenticated_with_ocis_message() {
     let f = fixture().await;
-    let error = f
-        .unknown_key
-        .clone()
-        .oneshot(f.request(by_name(NAME), current(), Duration::from_secs(30)))
-        .await
-        .unwrap_err();
+    let mut request = f.request(by_name(NAME), current(), Duration::from_secs(30));
+    request.session = f.unknown_key.clone();
+    let error = f.client.clone().oneshot(request).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     let message = error.to_string();
     // The code is in the message whether the 401 reaches us as a response or as the
@@ -482,22 +444,19 @@ async fn forbidden_is_permission_denied() {
 }
 
 #[tokio::test]
-async fn signing_failure_is_unauthenticated_without_a_request() {
+async fn a_session_that_cannot_sign_fails_without_a_request() {
     let f = fixture().await;
     let mut request = f.request(by_name(NAME), current(), Duration::from_secs(30));
-    request.credential = auth::Credential::Instance {
-        tenancy: TENANCY.into(),
-        instance: "ocid1.instance.oc1..i".into(),
-    };
+    // A key id that cannot go in a header: the signature cannot be written.
+    request.session = Session::fixed(
+        user_credential(),
+        SigningKey::new(KeyId::new("bad\nkey id"), f.session.key().key().clone()),
+    );
     let error = f.client.clone().oneshot(request).await.unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     let message = error.to_string();
     assert!(
-        message.contains("authentication failed for secret \"db-password\""),
-        "{message}"
-    );
-    assert!(
-        message.contains("no credentials are established for instance principal"),
+        message.contains("secret \"db-password\"")
+            && message.contains("is not a valid header value"),
         "{message}"
     );
     assert_eq!(f.emu.stats().arrived(Endpoint::Secrets), 0);
@@ -745,7 +704,7 @@ impl Fixture {
     ) -> CertificateRequest {
         CertificateRequest {
             base_url: self.emu.url(Endpoint::Certificates),
-            credential: user_credential(),
+            session: self.session.clone(),
             target,
             selector,
             private_key: key,
@@ -910,11 +869,8 @@ async fn certificates_come_signed_from_the_emulator_and_make_tls_files() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    let err = f
-        .unknown_key
-        .clone()
-        .oneshot(f.certificate_request(cert, current(), true))
-        .await
-        .unwrap_err();
+    let mut request = f.certificate_request(cert, current(), true);
+    request.session = f.unknown_key.clone();
+    let err = f.client.clone().oneshot(request).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unauthenticated, "{err}");
 }
