@@ -31,6 +31,19 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The one classification of transport failures below the gRPC edge (auth's remote
+    /// calls and the Secrets and Certificates APIs alike): a refused connection or a broken
+    /// exchange is Unavailable, a timeout DeadlineExceeded, and a request that cannot be
+    /// built or an answer over the size this provider accepts (`upstream.max_response_bytes`,
+    /// `upstream.max_bundle_bytes`) Internal: retrying or failing over would get the same.
+    pub fn from_transport(kind: transport::ErrorKind) -> Self {
+        match kind {
+            transport::ErrorKind::Connect | transport::ErrorKind::Io => ErrorKind::Unavailable,
+            transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
+            transport::ErrorKind::Request | transport::ErrorKind::TooLarge => ErrorKind::Internal,
+        }
+    }
+
     /// The one classification of HTTP error statuses below the gRPC edge (auth's remote
     /// calls and the Secrets API alike): 400/422 InvalidArgument, 401 Unauthenticated,
     /// 403 PermissionDenied, 404 NotFound, 429 ResourceExhausted, 409 and 5xx Unavailable,
@@ -324,11 +337,7 @@ impl AuthError {
             AuthError::MalformedResponse { .. }
             | AuthError::TokenFile { .. }
             | AuthError::InstanceCertificate(_) => ErrorKind::Unavailable,
-            AuthError::Transport { source, .. } => match source.kind() {
-                transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
-                transport::ErrorKind::Request => ErrorKind::Internal,
-                _ => ErrorKind::Unavailable,
-            },
+            AuthError::Transport { source, .. } => ErrorKind::from_transport(source.kind()),
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
             AuthError::Shared(shared) => shared.kind(),

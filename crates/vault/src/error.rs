@@ -334,13 +334,7 @@ impl VaultError {
             VaultError::Malformed { .. }
             | VaultError::InvalidRequest { .. }
             | VaultError::Other { .. } => ErrorKind::Internal,
-            VaultError::Transport { source, .. } => match source.kind() {
-                transport::ErrorKind::Connect | transport::ErrorKind::Io => ErrorKind::Unavailable,
-                transport::ErrorKind::Timeout => ErrorKind::DeadlineExceeded,
-                transport::ErrorKind::Request | transport::ErrorKind::TooLarge => {
-                    ErrorKind::Internal
-                }
-            },
+            VaultError::Transport { source, .. } => ErrorKind::from_transport(source.kind()),
             VaultError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             VaultError::Exhausted { last, .. } => last.kind(),
             VaultError::Shared(shared) => shared.kind(),
@@ -518,6 +512,48 @@ mod tests {
             Some("RID".into()),
             None,
         )
+    }
+
+    /// One mapping from a transport failure to a kind: the same failure is the same kind
+    /// whether a Secrets call or one of auth's calls (proxymux, IMDS) met it.
+    #[test]
+    fn a_transport_failure_is_the_same_kind_in_vault_and_in_auth() {
+        let failures = || {
+            [
+                transport::TransportError::TooLarge {
+                    authority: "h:443".into(),
+                    limit: 10,
+                },
+                transport::TransportError::Timeout {
+                    authority: "h:443".into(),
+                    after: std::time::Duration::from_secs(1),
+                },
+                transport::TransportError::PlainHttpRefused("h:80".into()),
+            ]
+        };
+        for (vault_side, auth_side) in failures().into_iter().zip(failures()) {
+            let expected = ErrorKind::from_transport(vault_side.kind());
+            let vault = VaultError::Transport {
+                subject: Box::new(Subject {
+                    secret: "secret s".into(),
+                    principal: Identity::Instance,
+                    grant: Subject::SECRETS_GRANT,
+                }),
+                source: vault_side,
+                opc_request_id: None,
+            };
+            let auth = auth::AuthError::Transport {
+                endpoint: auth::Endpoint::Proxymux,
+                operation: "exchange".into(),
+                source: auth_side,
+            };
+            assert_eq!(vault.kind(), expected, "{vault}");
+            assert_eq!(auth.kind(), expected, "{auth}");
+        }
+        assert_eq!(
+            ErrorKind::from_transport(transport::ErrorKind::TooLarge),
+            ErrorKind::Internal
+        );
     }
 
     #[test]
