@@ -25,12 +25,8 @@ use crate::metrics::Metrics;
 pub(crate) enum Routes {
     /// `/health` and `/healthz` (alive), `/readyz` (`Version` answers on the socket).
     Health(Arc<crate::ready::Readiness>),
-    /// `/metrics`, rendered at most once a second, with the readiness it reports.
-    Metrics(
-        Arc<Metrics>,
-        Arc<MetricsRender>,
-        Arc<crate::ready::Readiness>,
-    ),
+    /// `/metrics`, rendered at most once a second.
+    Metrics(Arc<Metrics>, Arc<MetricsRender>),
     /// `/debug/pprof/*` and `/debug/stats` (`--enable-pprof`).
     Debug(Arc<crate::debug::Debug>),
 }
@@ -66,8 +62,6 @@ pub(crate) struct HttpLimits {
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Longest an answer may take (readiness has its own 2 s; a scrape encodes in memory).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a scrape waits for the readiness check it reports (`oci_provider_ready`).
-const READY_IN_SCRAPE: Duration = Duration::from_secs(1);
 /// Largest request body accepted; these servers only answer GET.
 const MAX_BODY_BYTES: usize = 1024;
 
@@ -200,7 +194,7 @@ fn answer<B>(routes: &Routes, request: &Request<B>) -> Response<Full<Bytes>> {
         (Routes::Health(_), _, "/health" | "/healthz") => {
             (StatusCode::OK, "text/plain", "ok\n".to_owned())
         }
-        (Routes::Metrics(metrics, render, _), _, "/metrics") => {
+        (Routes::Metrics(metrics, render), _, "/metrics") => {
             return respond(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -299,15 +293,6 @@ pub(crate) async fn serve(
                                 || request.method() == Method::HEAD =>
                         {
                             readyz(ready).await
-                        }
-                        (Routes::Metrics(metrics, _, ready), "/metrics") => {
-                            // Bounded, so that a stalled socket still leaves the metrics
-                            // (which then say not ready) to be scraped.
-                            let ready = tokio::time::timeout(READY_IN_SCRAPE, ready.check())
-                                .await
-                                .is_ok_and(|answer| answer.is_ok());
-                            metrics.set_ready(ready);
-                            answer(&routes, &request)
                         }
                         (Routes::Debug(debug), path) if request.method() == Method::GET => {
                             let (status, content_type, body) =

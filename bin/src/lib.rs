@@ -187,7 +187,7 @@ pub async fn run(
     ));
     let metrics_task = tokio::spawn(health::serve(
         metrics_listener,
-        health::Routes::Metrics(stack.metrics.clone(), Arc::default(), ready.clone()),
+        health::Routes::Metrics(stack.metrics.clone(), Arc::default()),
         http_limits,
         stop_rx.clone(),
     ));
@@ -198,6 +198,11 @@ pub async fn run(
     let provider = stack.provider;
     tracing::info!(endpoint = %listener.local_endpoint(), version = env!("CARGO_PKG_VERSION"), "serving the CSI provider API");
     ready.set_serving(true);
+    let readiness_task = tokio::spawn(report_readiness(
+        ready.clone(),
+        stack.metrics.clone(),
+        stop_rx.clone(),
+    ));
 
     let not_ready = ready.clone();
     let shutdown = async move {
@@ -207,13 +212,37 @@ pub async fn run(
     let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
     let served = csi_grpc::serve(listener, provider, shutdown, grace).await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(health_task, metrics_task);
+    let _ = tokio::join!(health_task, metrics_task, readiness_task);
     if let Some(debug_task) = debug_task {
         let _ = debug_task.await;
     }
     served.context("the gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often `oci_provider_ready` is brought up to date.
+const READY_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps `oci_provider_ready` current with one readiness check every [`READY_EVERY`] (at most
+/// one `Version` call on the socket each, whatever scrapes and probes do) until `stop`.
+async fn report_readiness(
+    ready: Arc<ready::Readiness>,
+    metrics: Arc<metrics::Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(READY_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopped = tokio::select! {
+            _ = every.tick() => false,
+            _ = stop.wait_for(|stop| *stop) => true,
+        };
+        if stopped {
+            return;
+        }
+        metrics.set_ready(ready.check().await.is_ok());
+    }
 }
 
 /// `server.allowed_peer_uids` and the provider's own uid (a process of that uid can act as

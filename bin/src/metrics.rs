@@ -578,7 +578,7 @@ impl Metrics {
         registry.register(
             "ready",
             "1 while the provider serves its socket and Version answers on it (what /readyz \
-             says, checked at each scrape), else 0",
+             checks, every 2 s), else 0",
             ready.clone(),
         );
         let build = Family::<BuildLabel, Gauge>::default();
