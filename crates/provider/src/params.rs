@@ -780,14 +780,14 @@ fn check_secrets(
         )));
     }
     let mut specs = Vec::with_capacity(raw.len());
-    // Output path -> (index, whether it came from fileName), for duplicate messages.
-    let mut paths: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    // Output path -> the index of the entry that writes it, for duplicate messages.
+    let mut paths: BTreeMap<String, usize> = BTreeMap::new();
     let mut certificates = Vec::new();
     for (index, item) in raw.into_iter().enumerate() {
         if let Some(kind) = certificate_kind(&item) {
             let spec = check_certificate(index, kind, &item)?;
             for path in spec.files() {
-                if let Some((first, _)) = paths.insert(path.as_str().to_owned(), (index, true)) {
+                if let Some(first) = paths.insert(path.as_str().to_owned(), index) {
                     return Err(ParamError(format!(
                         "{RETRIEVE_PREFIX}: duplicated file name: {path}: secrets[{first}] and \
                          secrets[{index}] would both be written to file {:?}",
@@ -805,7 +805,7 @@ fn check_secrets(
             .as_deref()
             .is_some_and(|f| !f.trim().is_empty());
         for (k, key) in spec.keys.iter().enumerate() {
-            if let Some((first, _)) = paths.insert(key.path.as_str().to_owned(), (index, true)) {
+            if let Some(first) = paths.insert(key.path.as_str().to_owned(), index) {
                 return Err(ParamError(format!(
                     "{RETRIEVE_PREFIX}: duplicated fileName name: {}: secrets[{first}] and \
                      secrets[{index}].keys[{k}] would both be written to file {:?}",
@@ -817,9 +817,7 @@ fn check_secrets(
             specs.push(spec);
             continue;
         }
-        if let Some((first, _)) =
-            paths.insert(spec.path.as_str().to_owned(), (index, from_file_name))
-        {
+        if let Some(first) = paths.insert(spec.path.as_str().to_owned(), index) {
             let what = if from_file_name {
                 "duplicated fileName name"
             } else {
@@ -861,21 +859,153 @@ fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {
     .find_map(|(id, kind)| id.as_deref().is_some_and(|v| !v.is_empty()).then_some(kind))
 }
 
+/// The kinds of entry a field applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Applies {
+    secret: bool,
+    certificate: bool,
+    certificate_authority: bool,
+    ca_bundle: bool,
+}
+
+impl Applies {
+    const SECRET: Self = Self::new(true, false, false, false);
+    const ANY_CERTIFICATE: Self = Self::new(false, true, true, true);
+    const VERSIONED: Self = Self::new(true, true, true, false);
+    const LEAF: Self = Self::new(false, true, false, false);
+    const EVERY: Self = Self::new(true, true, true, true);
+
+    const fn new(
+        secret: bool,
+        certificate: bool,
+        certificate_authority: bool,
+        ca_bundle: bool,
+    ) -> Self {
+        Self {
+            secret,
+            certificate,
+            certificate_authority,
+            ca_bundle,
+        }
+    }
+
+    fn to(self, kind: Option<CertificateKind>) -> bool {
+        match kind {
+            None => self.secret,
+            Some(CertificateKind::Certificate) => self.certificate,
+            Some(CertificateKind::CertificateAuthority) => self.certificate_authority,
+            Some(CertificateKind::CaBundle) => self.ca_bundle,
+        }
+    }
+}
+
+impl RawSecret {
+    /// The fields given, as written, with the kinds of entry each applies to. The struct is
+    /// destructured without `..`: a field added to `RawSecret` does not compile until it is
+    /// placed here, so no field can pass unchecked.
+    fn given(&self) -> Vec<(&'static str, Applies)> {
+        let RawSecret {
+            name,
+            secret_id,
+            vault_id,
+            stage,
+            version_number,
+            version_name,
+            file_name,
+            mode,
+            encoding,
+            keys,
+            format,
+            failover_vault_id,
+            certificate_id,
+            certificate_authority_id,
+            ca_bundle_id,
+            private_key,
+            directory,
+            cert_file_name,
+            chain_file_name,
+            key_file_name,
+        } = self;
+        let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2);
+        let named = |id: &Option<String>| id.as_deref().is_some_and(|v| !v.is_empty());
+        [
+            ("name", name.is_some(), Applies::SECRET),
+            ("secretId", secret_id.is_some(), Applies::SECRET),
+            ("vaultId", vault_id.is_some(), Applies::SECRET),
+            ("fileName", file_name.is_some(), Applies::SECRET),
+            ("encoding", encoding.is_some(), Applies::SECRET),
+            ("keys", keys.is_some(), Applies::SECRET),
+            ("format", format.is_some(), Applies::SECRET),
+            (
+                "failoverVaultId",
+                failover_vault_id.is_some(),
+                Applies::SECRET,
+            ),
+            ("stage", stage.is_some(), Applies::VERSIONED),
+            (
+                "versionNumber",
+                version_number.is_some(),
+                Applies::VERSIONED,
+            ),
+            ("versionName", version_name.is_some(), Applies::VERSIONED),
+            ("privateKey", private_key.is_some(), Applies::LEAF),
+            ("directory", directory.is_some(), Applies::ANY_CERTIFICATE),
+            ("certFileName", cert_file_name.is_some(), Applies::LEAF),
+            (
+                "chainFileName",
+                chain_file_name.is_some(),
+                Applies::ANY_CERTIFICATE,
+            ),
+            ("keyFileName", key_file_name.is_some(), Applies::LEAF),
+            ("mode", mode.is_some(), Applies::EVERY),
+            // An empty id names no certificate (the entry is judged as a secret).
+            ("certificateId", named(certificate_id), cert_only(0)),
+            (
+                "certificateAuthorityId",
+                named(certificate_authority_id),
+                cert_only(1),
+            ),
+            ("caBundleId", named(ca_bundle_id), cert_only(2)),
+        ]
+        .into_iter()
+        .filter(|(_, set, _)| *set)
+        .map(|(field, _, applies)| (field, applies))
+        .collect()
+    }
+
+    /// The first field given that does not apply to an entry of `kind` (`None`: a secret).
+    fn misplaced(&self, kind: Option<CertificateKind>) -> Option<&'static str> {
+        self.given()
+            .into_iter()
+            .find(|(_, applies)| !applies.to(kind))
+            .map(|(field, _)| field)
+    }
+}
+
 /// A secret entry with a field that only certificate entries take.
 fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
-    let given = [
-        ("privateKey", item.private_key.is_some()),
-        ("directory", item.directory.is_some()),
-        ("certFileName", item.cert_file_name.is_some()),
-        ("chainFileName", item.chain_file_name.is_some()),
-        ("keyFileName", item.key_file_name.is_some()),
-    ];
-    match given.iter().find(|(_, set)| *set) {
-        Some((field, _)) => Err(ParamError(format!(
+    match item.misplaced(None) {
+        Some(field) => Err(ParamError(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to certificate entries only \
              (certificateId, certificateAuthorityId, caBundleId)"
         ))),
         None => Ok(()),
+    }
+}
+
+/// What an entry of `kind` takes, as messages say it (checked against
+/// [`RawSecret::given`]'s table by a test).
+fn takes(kind: CertificateKind) -> &'static str {
+    match kind {
+        CertificateKind::Certificate => {
+            "certificateId entries take stage, versionNumber, \
+             versionName, privateKey, directory, certFileName, chainFileName, keyFileName and mode"
+        }
+        CertificateKind::CertificateAuthority => {
+            "certificateAuthorityId entries take stage, \
+             versionNumber, versionName, directory, chainFileName and mode"
+        }
+        CertificateKind::CaBundle => "caBundleId entries take directory, chainFileName and mode",
     }
 }
 
@@ -901,51 +1031,8 @@ fn check_certificate(
             named.join(" and ")
         )));
     }
-    let applies = match kind {
-        CertificateKind::Certificate => {
-            "certificateId entries take stage, versionNumber, \
-             versionName, privateKey, directory, certFileName, chainFileName, keyFileName and mode"
-        }
-        CertificateKind::CertificateAuthority => {
-            "certificateAuthorityId entries take stage, \
-             versionNumber, versionName, directory, chainFileName and mode"
-        }
-        CertificateKind::CaBundle => "caBundleId entries take directory, chainFileName and mode",
-    };
-    let secret_fields = [
-        ("name", item.name.is_some()),
-        ("secretId", item.secret_id.is_some()),
-        ("vaultId", item.vault_id.is_some()),
-        ("fileName", item.file_name.is_some()),
-        ("encoding", item.encoding.is_some()),
-        ("keys", item.keys.is_some()),
-        ("format", item.format.is_some()),
-        ("failoverVaultId", item.failover_vault_id.is_some()),
-    ];
-    let ca_only_refused = [
-        ("privateKey", item.private_key.is_some()),
-        ("certFileName", item.cert_file_name.is_some()),
-        ("keyFileName", item.key_file_name.is_some()),
-    ];
-    let bundle_refused = [
-        ("stage", item.stage.is_some()),
-        ("versionNumber", item.version_number.is_some()),
-        ("versionName", item.version_name.is_some()),
-    ];
-    let refused = secret_fields
-        .iter()
-        .chain(
-            ca_only_refused
-                .iter()
-                .filter(|_| kind != CertificateKind::Certificate),
-        )
-        .chain(
-            bundle_refused
-                .iter()
-                .filter(|_| kind == CertificateKind::CaBundle),
-        )
-        .find(|(_, set)| *set);
-    if let Some((bad, _)) = refused {
+    let applies = takes(kind);
+    if let Some(bad) = item.misplaced(Some(kind)) {
         return Err(ParamError(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{bad} does not apply to a {field} entry: {applies}"
         )));
@@ -1327,5 +1414,71 @@ fn parse_version_number(index: usize, raw: &RawVersion) -> Result<Option<u64>, P
             _ => Err(bad(&format!("{t:?}"))),
         },
         RawVersion::Other(o) => Err(bad(o)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry with every field `RawSecret` has.
+    const EVERY_FIELD: &str = "name: n\nsecretId: s\nvaultId: v\nstage: CURRENT\n\
+        versionNumber: 1\nversionName: x\nfileName: f\nmode: \"0600\"\nencoding: base64\n\
+        keys: [{key: k}]\nformat: json\nfailoverVaultId: w\ncertificateId: c\n\
+        certificateAuthorityId: a\ncaBundleId: b\nprivateKey: true\ndirectory: d\n\
+        certFileName: t\nchainFileName: h\nkeyFileName: y\n";
+
+    /// The one table of which field applies to which entry is complete, and what the
+    /// messages say each certificate kind takes is what the table lets through.
+    #[test]
+    fn the_field_table_is_what_the_messages_say() {
+        let raw: RawSecret = serde_saphyr::from_str(EVERY_FIELD).unwrap();
+        let given = raw.given();
+        assert_eq!(given.len(), 20, "every field of RawSecret is in the table");
+        let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];
+        for kind in [
+            CertificateKind::Certificate,
+            CertificateKind::CertificateAuthority,
+            CertificateKind::CaBundle,
+        ] {
+            let accepted: Vec<&str> = given
+                .iter()
+                .filter(|(field, applies)| applies.to(Some(kind)) && !ids.contains(field))
+                .map(|(field, _)| *field)
+                .collect();
+            let (last, rest) = accepted.split_last().unwrap();
+            let listed = if rest.is_empty() {
+                (*last).to_owned()
+            } else {
+                format!("{} and {last}", rest.join(", "))
+            };
+            assert_eq!(
+                takes(kind),
+                format!("{} entries take {listed}", kind.field()),
+                "{kind:?}"
+            );
+        }
+        let secret: Vec<&str> = given
+            .iter()
+            .filter(|(_, applies)| applies.to(None))
+            .map(|(field, _)| *field)
+            .collect();
+        assert_eq!(
+            secret,
+            [
+                "name",
+                "secretId",
+                "vaultId",
+                "fileName",
+                "encoding",
+                "keys",
+                "format",
+                "failoverVaultId",
+                "stage",
+                "versionNumber",
+                "versionName",
+                "mode"
+            ]
+        );
     }
 }
