@@ -1,5 +1,6 @@
 //! Builds the stack of one process, in one place, bottom to top:
-//! transport -> signing (principals) -> vault -> provider -> the CSI gRPC service.
+//! transport -> signing (the session each request carries) -> vault -> bundle cache ->
+//! provider (identity, byte budget) -> the CSI gRPC service.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -171,27 +172,117 @@ pub(crate) fn principals_config(
     }
 }
 
-/// Builds the whole stack: the one transport with trust per destination, the principals
-/// and the signing layer over it, the Secrets client, the mount service, and the CSI gRPC
-/// service with its limits and its metrics observer.
+/// Builds the whole stack, bottom to top: the one transport with trust per destination,
+/// the principals and the signing layer over it, the Secrets and Certificates client, the
+/// bundle cache, the mount service under the byte budget, and the CSI gRPC service with
+/// its limits and its metrics observer.
 pub(crate) fn build(
     config: &Config,
     env: &BTreeMap<String, String>,
     clock: SharedClock,
     traces: &Traces,
 ) -> anyhow::Result<Stack> {
-    let e = &config.endpoints;
-    let u = &config.upstream;
     let principals_config = principals_config(config, env);
 
-    // 1. The one transport, trusting each destination for itself.
+    // 1. The one transport, trusting each destination for itself, timing every exchange.
+    let timings = Arc::new(crate::metrics::UpstreamTimings::new(host_classes(
+        &principals_config,
+        config,
+        traces,
+    )));
+    let transport_config = TransportConfig {
+        observer: Some(timings.clone()),
+        ..transport_config(config, env, &principals_config, traces)?
+    };
+    let transport = Transport::new(transport_config)?;
+    traces.client.bind(transport.service());
+
+    // 2. Identities over the transport; requests signed with the session each carries.
+    let principals = Principals::new(principals_config, transport.service(), clock.clone())
+        .context("cannot set up the OCI principals")?;
+    let signing = SigningLayer::new(clock.clone()).layer(transport.service());
+
+    // 3. The Secrets and Certificates client over the signed service.
+    let vault = vault_client(signing, &config.upstream);
+    let retries = vault.retries();
+    let certificates = vault.clone();
+
+    // 4. The bundle cache in front of it: one fetch per credential, secret and version at
+    //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
+    let bundles = Cache::new(bundle_cache_config(&config.cache), clock);
+    let purge_every = Duration::from_secs(config.cache.purge_interval_seconds);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        bundles.spawn_purger(purge_every);
+        principals.spawn_purgers(purge_every);
+    }
+    let vault = cache::CacheLayer::new(bundles.clone()).layer(vault);
+
+    // 5. The mount service: identity, then the fetches, under the process's byte budget.
+    let budget = ByteBudget::with_namespace_share(
+        config.server.max_in_flight_bytes,
+        config.server.namespace_bytes(config.upstream.max_bundle_bytes),
+    );
+    let served = Arc::new(provider::RegionStats::default());
+    let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
+    let mount_config = MountConfig {
+        budget: Some(budget.clone()),
+        tenant_keys: principals.tenant_keys(),
+        regions: Some(Arc::new(PrincipalRegions(principals.clone()))),
+        served: served.clone(),
+        certificate_expiry: certificate_expiry.clone(),
+        ..mount_config(config)
+    };
+    let mount =
+        OciMount::new(principals.clone(), vault, mount_config).with_certificates(certificates);
+
+    // 6. The CSI gRPC service, with its limits, reporting to the metrics.
+    let caches = crate::metrics::CacheSources {
+        bundles,
+        principals,
+        served,
+        certificate_expiry,
+        certificate_ids: config.telemetry.certificate_ids_in_metrics,
+        timings,
+        retries,
+        otlp: traces.client.clone(),
+    };
+    let metrics = Arc::new(Metrics::new(
+        env!("CARGO_PKG_VERSION"),
+        config.server.max_in_flight_mounts,
+        transport,
+        budget,
+        caches,
+    ));
+    let provider = csi_grpc::CsiProvider::new(mount, server_info(), (&config.server).into())
+        .with_observer(metrics.clone());
+    Ok(Stack { provider, metrics })
+}
+
+/// What `Version` answers.
+fn server_info() -> csi_grpc::ServerInfo {
+    csi_grpc::ServerInfo {
+        runtime_name: crate::RUNTIME_NAME.to_owned(),
+        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+/// The transport's configuration: `[upstream]` bounds, the proxy, and trust per destination
+/// (OCI hosts the platform roots or `ssl_cert_file`; the proxymux and the Kubernetes API only
+/// their own CA; plain http only to instance metadata and an `http://` trace collector).
+fn transport_config(
+    config: &Config,
+    env: &BTreeMap<String, String>,
+    principals_config: &PrincipalsConfig,
+    traces: &Traces,
+) -> anyhow::Result<TransportConfig> {
+    let e = &config.endpoints;
     let proxy = Proxy::from_env(|k| env.get(k).cloned())
         .map_err(|e| anyhow::anyhow!("invalid proxy settings: {e}"))?;
     let mut transport_config = TransportConfig {
         ssl_cert_file: e.ssl_cert_file.clone(),
         oci_ca_files: e.oci_ca_files.clone(),
         proxy,
-        ..TransportConfig::from(u)
+        ..TransportConfig::from(&config.upstream)
     };
     if let Some(url) = principals_config.proxymux_url() {
         transport_config = transport_config.trust_only(
@@ -221,7 +312,15 @@ pub(crate) fn build(
             transport_config = transport_config.trust_only(collector, ca.clone());
         }
     }
-    // Every exchange is timed by host class for /metrics.
+    Ok(transport_config)
+}
+
+/// Which class of upstream each configured endpoint is, for the exchange metrics.
+fn host_classes(
+    principals_config: &PrincipalsConfig,
+    config: &Config,
+    traces: &Traces,
+) -> crate::metrics::HostClasses {
     let mut classes = crate::metrics::HostClasses::default();
     let mut name = |url: Option<&str>, class: &'static str| {
         if let Some(a) = url
@@ -247,99 +346,40 @@ pub(crate) fn build(
         principals_config.federation_endpoint.as_deref(),
         "federation",
     );
-    name(Some(metadata), "imds");
+    name(Some(config.endpoints.instance_metadata.as_str()), "imds");
     name(traces.endpoint.as_deref(), "otlp");
     name(principals_config.proxymux_url().as_deref(), "proxymux");
     if let Ok(Some((url, _))) = principals_config.kubernetes_target() {
         name(Some(&url), "kubernetes");
     }
-    let timings = Arc::new(crate::metrics::UpstreamTimings::new(classes));
-    transport_config.observer = Some(timings.clone());
-    let transport = Transport::new(transport_config)?;
-    traces.client.bind(transport.service());
+    classes
+}
 
-    // 2. Identities, and requests signed as them, over the transport.
-    let principals = Principals::new(principals_config, transport.service(), clock.clone())
-        .context("cannot set up the OCI principals")?;
-    // Each request carries the session its mount established; the layer signs with it.
-    let signing = SigningLayer::new(clock.clone()).layer(transport.service());
-
-    // 3. The Secrets API client over the signed service.
+/// The Secrets and Certificates client: `[upstream]` attempts and answer bound, our
+/// `User-Agent`.
+fn vault_client(signing: Signing<HttpService>, u: &UpstreamConfig) -> Certificates {
     let retry = RetryPolicy {
         max_attempts: u.max_attempts,
         ..RetryPolicy::default()
     };
-    let vault = VaultClient::new(signing, retry)
+    VaultClient::new(signing, retry)
         .with_user_agent(concat!(
             "oci-secrets-store-csi-driver-provider/",
             env!("CARGO_PKG_VERSION")
         ))
-        .with_max_body_bytes(u.max_bundle_bytes);
-    let retries = vault.retries();
-    let certificates = vault.clone();
+        .with_max_body_bytes(u.max_bundle_bytes)
+}
 
-    // 4. The bundle cache in front of it: one fetch per credential, secret and version at
-    //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
-    let bundles = Cache::new(bundle_cache_config(&config.cache), clock);
-    let purge_every = Duration::from_secs(config.cache.purge_interval_seconds);
-    if tokio::runtime::Handle::try_current().is_ok() {
-        bundles.spawn_purger(purge_every);
-        principals.spawn_purgers(purge_every);
+/// The mount service's bounds from the configuration (the runtime handles are added by
+/// [`build`]).
+fn mount_config(config: &Config) -> MountConfig {
+    MountConfig {
+        fan_out: config.upstream.fan_out,
+        max_secrets: config.server.max_secrets_per_mount,
+        max_files: config.server.max_files_per_mount,
+        allowed_types: config.auth.allowed_types.clone(),
+        allowed_regions: config.auth.allowed_regions.clone(),
+        fetch_reserve_bytes: config.upstream.max_bundle_bytes,
+        ..MountConfig::default()
     }
-    let vault = cache::CacheLayer::new(bundles.clone()).layer(vault);
-
-    // 5. The mount service: identity, then the fetches, under the process's byte budget.
-    let budget = ByteBudget::with_namespace_share(
-        config.server.max_in_flight_bytes,
-        config.server.namespace_bytes(u.max_bundle_bytes),
-    );
-    let tenant_keys = principals.tenant_keys();
-    let principals_for_metrics = principals.clone();
-    let served = Arc::new(provider::RegionStats::default());
-    let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
-    let mount = OciMount::new(
-        principals,
-        vault,
-        MountConfig {
-            fan_out: u.fan_out,
-            max_secrets: config.server.max_secrets_per_mount,
-            max_files: config.server.max_files_per_mount,
-            budget: Some(budget.clone()),
-            tenant_keys,
-            allowed_types: config.auth.allowed_types.clone(),
-            allowed_regions: config.auth.allowed_regions.clone(),
-            fetch_reserve_bytes: u.max_bundle_bytes,
-            regions: Some(Arc::new(PrincipalRegions(principals_for_metrics.clone()))),
-            served: served.clone(),
-            certificate_expiry: certificate_expiry.clone(),
-            ..MountConfig::default()
-        },
-    )
-    .with_certificates(certificates);
-
-    // 6. The CSI gRPC service, with its limits, reporting to the metrics.
-    let caches = crate::metrics::CacheSources {
-        bundles,
-        principals: principals_for_metrics,
-        served,
-        certificate_expiry,
-        certificate_ids: config.telemetry.certificate_ids_in_metrics,
-        timings,
-        retries,
-        otlp: traces.client.clone(),
-    };
-    let metrics = Arc::new(Metrics::new(
-        env!("CARGO_PKG_VERSION"),
-        config.server.max_in_flight_mounts,
-        transport,
-        budget,
-        caches,
-    ));
-    let info = csi_grpc::ServerInfo {
-        runtime_name: crate::RUNTIME_NAME.to_owned(),
-        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-    };
-    let provider = csi_grpc::CsiProvider::new(mount, info, (&config.server).into())
-        .with_observer(metrics.clone());
-    Ok(Stack { provider, metrics })
 }
