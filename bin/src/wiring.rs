@@ -220,7 +220,9 @@ pub(crate) fn build(
     // 5. The mount service: identity, then the fetches, under the process's byte budget.
     let budget = ByteBudget::with_namespace_share(
         config.server.max_in_flight_bytes,
-        config.server.namespace_bytes(config.upstream.max_bundle_bytes),
+        config
+            .server
+            .namespace_bytes(config.upstream.max_bundle_bytes),
     );
     let served = Arc::new(provider::RegionStats::default());
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());

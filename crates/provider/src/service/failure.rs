@@ -1,0 +1,207 @@
+//! What a failed mount says: one status by precedence, and a message that lists each
+//! failed entry with its cause, capped, most actionable first.
+
+use super::*;
+
+/// A fetch that did not run within the bounds, or failed (`failed` names it).
+pub(super) fn refused_error(
+    refused: Refused<vault::VaultError>,
+    failed: impl FnOnce(&vault::VaultError) -> MountError,
+    mount: &MountBytes,
+) -> MountError {
+    match refused {
+        Refused::Failed(err) => failed(&err),
+        Refused::Budget(refusal) => {
+            MountError::new(ErrorKind::ResourceExhausted, refusal.to_string())
+        }
+        Refused::MountOver => MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the mounted files would take more than {} bytes (the driver refuses answers \
+                 above 4 MiB): {} bytes fetched so far",
+                mount.limit(),
+                mount.total()
+            ),
+        ),
+    }
+}
+
+/// A certificate entry brought the mount past its size limit.
+pub(super) fn over_limit(mount: &MountBytes, spec: &crate::params::CertificateSpec) -> MountError {
+    MountError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the mounted files would take more than {} bytes (the driver refuses answers above \
+             4 MiB): {} bytes fetched so far, secrets[{}] {} {} the last",
+            mount.limit(),
+            mount.total(),
+            spec.index,
+            spec.kind.field(),
+            spec.id
+        ),
+    )
+}
+
+/// The mount passed `max_total_bytes` while its secrets arrived: the sizes of those that
+/// did, largest first.
+pub(super) fn too_large(
+    params: &MountParameters,
+    bundles: &[Option<vault::SecretBundle>],
+    max_total_bytes: usize,
+) -> MountError {
+    let mut sizes: Vec<(usize, usize)> = bundles
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| b.as_ref().map(|b| (i, b.content.len())))
+        .collect();
+    sizes.sort_by_key(|(i, size)| (std::cmp::Reverse(*size), *i));
+    let total: usize = sizes.iter().map(|(_, s)| s).sum();
+    let listed: Vec<String> = sizes
+        .iter()
+        .take(20)
+        .map(|(i, size)| {
+            let spec = &params.secrets[*i];
+            format!("secrets[{}] {} ({size} bytes)", spec.index, spec.path)
+        })
+        .collect();
+    let more = sizes.len().saturating_sub(listed.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    MountError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the mounted files would take more than {max_total_bytes} bytes (the driver refuses \
+             answers above 4 MiB): {total} bytes from the {} secrets fetched so far: {}{more}",
+            sizes.len(),
+            listed.join(", ")
+        ),
+    )
+}
+
+pub(super) fn auth_error(err: auth::AuthError) -> MountError {
+    MountError::new(
+        grpc_kind(err.kind()),
+        format!("unable to establish the OCI identity: {}", chain(&err)),
+    )
+}
+
+pub(super) fn vault_kind(err: &vault::VaultError) -> ErrorKind {
+    grpc_kind(err.kind())
+}
+
+/// The one mapping from the kind below the gRPC edge (auth's, which vault shares) to the
+/// gRPC code.
+pub(crate) fn grpc_kind(kind: auth::ErrorKind) -> ErrorKind {
+    match kind {
+        auth::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+        auth::ErrorKind::NotFound => ErrorKind::NotFound,
+        auth::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        auth::ErrorKind::Unauthenticated => ErrorKind::Unauthenticated,
+        auth::ErrorKind::ResourceExhausted => ErrorKind::ResourceExhausted,
+        auth::ErrorKind::Unavailable => ErrorKind::Unavailable,
+        auth::ErrorKind::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+        // Kinds added to auth later are bugs until mapped here.
+        _ => ErrorKind::Internal,
+    }
+}
+
+/// Which code a mount with several failures answers: the one that most needs a person.
+pub(super) const PRECEDENCE: [ErrorKind; 8] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::Unauthenticated,
+    ErrorKind::PermissionDenied,
+    ErrorKind::NotFound,
+    ErrorKind::ResourceExhausted,
+    ErrorKind::Unavailable,
+    ErrorKind::DeadlineExceeded,
+    ErrorKind::Internal,
+];
+
+pub(super) fn rank(kind: ErrorKind) -> usize {
+    PRECEDENCE
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(PRECEDENCE.len())
+}
+
+/// An error and its causes on one line.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+/// The longest failure message: it ends up in a pod event, and the driver logs it whole.
+pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
+
+pub(super) fn combine(
+    params: &MountParameters,
+    mut failures: Vec<(usize, vault::VaultError)>,
+    abandoned: usize,
+    identity: &auth::Identity,
+) -> MountError {
+    // The most actionable failures first, then in request order.
+    failures.sort_by_key(|(index, e)| (rank(vault_kind(e)), *index));
+    let kind = failures
+        .first()
+        .map(|(_, e)| vault_kind(e))
+        .unwrap_or(ErrorKind::Internal);
+    let mut message = format!(
+        "unable to retrieve secrets as {identity}: {} of {} failed: ",
+        failures.len(),
+        params.secrets.len(),
+    );
+    let mut tail = String::new();
+    if abandoned > 0 {
+        tail = format!(" ({abandoned} not fetched after a permanent failure)");
+    }
+    // Room for "; ... and N more" and the tail.
+    let budget = MAX_MESSAGE_BYTES.saturating_sub(tail.len() + 32);
+    let mut listed = 0;
+    for (index, err) in &failures {
+        let cause = format!(
+            "secrets[{}] {:?}: {}",
+            params.secrets[*index].index,
+            params.secrets[*index].source.display(),
+            chain(err)
+        );
+        let separator = if listed == 0 { "" } else { "; " };
+        if message.len() + separator.len() + cause.len() > budget {
+            if listed == 0 {
+                // Even one cause is too long: keep its start.
+                let room = budget.saturating_sub(message.len());
+                message.push_str(truncate_at_char(&cause, room));
+                listed = 1;
+            }
+            break;
+        }
+        message.push_str(separator);
+        message.push_str(&cause);
+        listed += 1;
+    }
+    if listed < failures.len() {
+        message.push_str(&format!("; ... and {} more", failures.len() - listed));
+    }
+    message.push_str(&tail);
+    MountError::new(kind, message)
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+pub(super) fn truncate_at_char(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,216 @@
+//! Answers into files: decoding, key extraction and the mount's size limit.
+
+use super::*;
+
+pub(super) fn assemble(
+    params: &MountParameters,
+    bundles: Vec<vault::SecretBundle>,
+    mode: csi_grpc::FileMode,
+    max_total_bytes: usize,
+) -> Result<MountResponse, MountError> {
+    let total: usize = bundles.iter().map(|b| b.content.len()).sum();
+    if total > max_total_bytes {
+        let mut sizes: Vec<String> = params
+            .secrets
+            .iter()
+            .zip(&bundles)
+            .map(|(spec, bundle)| format!("{} ({} bytes)", spec.path, bundle.content.len()))
+            .collect();
+        sizes.sort();
+        return Err(MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the secrets of this mount take {total} bytes, more than the {max_total_bytes} bytes the driver accepts in one response: {}",
+                sizes.join(", ")
+            ),
+        ));
+    }
+    let mut ids: BTreeMap<String, usize> = BTreeMap::new();
+    for bundle in &bundles {
+        *ids.entry(bundle.secret_id.clone()).or_default() += 1;
+    }
+    let mut object_versions = Vec::with_capacity(bundles.len());
+    let mut files = Vec::with_capacity(bundles.len());
+    // The bytes of the files so far: each extracted value is checked against the room
+    // left before it is copied.
+    let mut written = 0usize;
+    for (spec, bundle) in params.secrets.iter().zip(bundles) {
+        let index = spec.index;
+        // The driver keys versions by id; one OCID mounted twice (two versions, two
+        // files) would collapse, so such ids carry the file path.
+        let id = if ids.get(&bundle.secret_id).copied().unwrap_or(0) > 1 {
+            format!("{}/{}", bundle.secret_id, spec.path)
+        } else {
+            bundle.secret_id.clone()
+        };
+        object_versions.push(ObjectVersion {
+            id,
+            version: bundle.version_number.to_string(),
+        });
+        // The bytes move from the bundle's zeroizing buffer into the file's; no copy (a
+        // decoded encoding is written to a new buffer, the encoded one wiped).
+        let mut content = decode(index, spec, bundle.content.into_inner())?;
+        let entry_mode = spec.mode.unwrap_or(mode);
+        if !spec.keys.is_empty() {
+            written += extract_keys(
+                index,
+                spec,
+                &content,
+                entry_mode,
+                &mut files,
+                max_total_bytes.saturating_sub(written),
+            )?;
+        }
+        if spec.whole {
+            written += content.len();
+        }
+        if spec.whole {
+            files.push(File {
+                path: spec.path.clone(),
+                mode: entry_mode,
+                contents: FileContents::new(std::mem::take(&mut *content)),
+            });
+        }
+    }
+    // Extracted values count against the same bound as whole secrets.
+    if written > max_total_bytes {
+        return Err(MountError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "the files of this mount take {written} bytes with the extracted keys, more \
+                 than the {max_total_bytes} bytes the driver accepts in one response"
+            ),
+        ));
+    }
+    Ok(MountResponse {
+        files,
+        object_versions,
+    })
+}
+
+/// The files of an entry's `keys`, at most `room` bytes in all (checked before each copy);
+/// answers the bytes written. Errors name the secret and the keys, and for content that
+/// does not parse only the position and kind. The parsed document is wiped as soon as the
+/// keys are taken.
+pub(super) fn extract_keys(
+    index: usize,
+    spec: &SecretSpec,
+    content: &[u8],
+    mode: csi_grpc::FileMode,
+    files: &mut Vec<File>,
+    room: usize,
+) -> Result<usize, MountError> {
+    use crate::extract::{ExtractError, parse, value_of, wipe};
+    let secret = spec.source.display();
+    let document = parse(content, spec.format).map_err(|e| match e {
+        ExtractError::Parse(why) => {
+            let asked: Vec<String> = spec.keys.iter().map(|k| format!("{:?}", k.key)).collect();
+            MountError::invalid_argument(format!(
+                "secrets[{index}] {secret:?}: its content cannot be read for keys [{}] \
+                 (secrets[{index}].keys): {why}",
+                asked.join(", ")
+            ))
+        }
+        _ => MountError::internal("internal error: a parse without a key"),
+    })?;
+    let mut written = 0usize;
+    let mut taken = Ok(());
+    for (k, key) in spec.keys.iter().enumerate() {
+        match value_of(&document, &key.key, room.saturating_sub(written)) {
+            Ok(value) => {
+                written += value.len();
+                files.push(File {
+                    path: key.path.clone(),
+                    mode: key.mode.unwrap_or(mode),
+                    contents: FileContents::new(value),
+                });
+            }
+            Err(ExtractError::TooLarge) => {
+                taken = Err(MountError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "secrets[{index}] {secret:?}: the value of key {:?} \
+                         (secrets[{index}].keys[{k}]) would take the mount's files past the \
+                         bytes the driver accepts in one response; the keys before it took \
+                         {written} of the {room} bytes left",
+                        key.key
+                    ),
+                ));
+                break;
+            }
+            Err(_) => {
+                taken = Err(MountError::invalid_argument(format!(
+                    "secrets[{index}] {secret:?} has no key {:?} (secrets[{index}].keys[{k}].key)",
+                    key.key
+                )));
+                break;
+            }
+        }
+    }
+    wipe(document);
+    taken.map(|()| written)
+}
+
+/// The entry's `encoding` removed. Failures name the entry and the encoding, never the
+/// content.
+pub(super) fn decode(
+    index: usize,
+    spec: &SecretSpec,
+    content: zeroize::Zeroizing<Vec<u8>>,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, MountError> {
+    use base64::Engine as _;
+    let invalid = |why: &str| {
+        MountError::invalid_argument(format!(
+            "secrets[{index}] {:?}: its content is not valid {} (secrets[{index}].encoding): {why}",
+            spec.source.display(),
+            spec.encoding.as_str()
+        ))
+    };
+    match spec.encoding {
+        Encoding::Utf8 => Ok(content),
+        Encoding::Base64 => {
+            let text: Vec<u8> = content
+                .iter()
+                .copied()
+                .filter(|b| !b.is_ascii_whitespace())
+                .collect();
+            let text = zeroize::Zeroizing::new(text);
+            let engine = base64::engine::GeneralPurpose::new(
+                &base64::alphabet::STANDARD,
+                base64::engine::GeneralPurposeConfig::new()
+                    .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+            );
+            engine
+                .decode(text.as_slice())
+                .map(zeroize::Zeroizing::new)
+                .map_err(|e| match e {
+                    base64::DecodeError::InvalidByte(at, _) => {
+                        invalid(&format!("an invalid character at offset {at}"))
+                    }
+                    base64::DecodeError::InvalidLength(_) => invalid("its length is wrong"),
+                    _ => invalid("it does not end as base64 does"),
+                })
+        }
+        Encoding::Hex => {
+            let digits: zeroize::Zeroizing<Vec<u8>> = zeroize::Zeroizing::new(
+                content
+                    .iter()
+                    .copied()
+                    .filter(|b| !b.is_ascii_whitespace())
+                    .collect(),
+            );
+            if !digits.len().is_multiple_of(2) {
+                return Err(invalid("it has an odd number of digits"));
+            }
+            let value = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+            let mut out = zeroize::Zeroizing::new(Vec::with_capacity(digits.len() / 2));
+            for (at, pair) in digits.chunks_exact(2).enumerate() {
+                match (value(pair[0]), value(pair[1])) {
+                    (Some(high), Some(low)) => out.push(high << 4 | low),
+                    _ => return Err(invalid(&format!("a non-hex digit at pair {at}"))),
+                }
+            }
+            Ok(out)
+        }
+    }
+}
