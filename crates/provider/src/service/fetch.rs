@@ -128,41 +128,7 @@ where
             .iter()
             .enumerate()
             .map(|(index, spec)| {
-                let request = |base_url: &str, source: &SecretSource, deadline| {
-                    vault::SecretRequest {
-                        base_url: base_url.to_owned(),
-                        session: established.session.clone(),
-                        secret: match source {
-                            SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
-                                vault_id: vault_id.clone(),
-                                name: name.clone(),
-                            },
-                            SecretSource::Id(secret_id) => vault::SecretRef::ById {
-                                secret_id: secret_id.clone(),
-                            },
-                        },
-                        selector: selector(spec),
-                        deadline,
-                    }
-                };
-                // With a failover region, the primary gets half of the time left, so the
-                // failover has time to answer.
-                let failover = targets.failover.as_ref().zip(spec.failover.as_ref()).map(
-                    |(target, source)| (target.clone(), request(&target.secrets_endpoint, source, deadline)),
-                );
-                let primary_deadline = match failover {
-                    Some(_) => {
-                        let now = tokio::time::Instant::now();
-                        now + deadline.saturating_duration_since(now) / 2
-                    }
-                    None => deadline,
-                };
-                let request = request(&targets.primary, &spec.source, primary_deadline);
-                let stats = self.config.served.clone();
-                let path = spec.path.clone();
-                let vault = self.vault.clone();
-                let permits = permits.clone();
-                let mount = mount.clone();
+                let (primary, failover) = secret_requests(spec, established, targets, deadline);
                 let span = tracing::info_span!(
                     "fetch secret",
                     entry = index,
@@ -172,57 +138,16 @@ where
                     oci.request_id = tracing::field::Empty,
                     error.kind = tracing::field::Empty,
                 );
-                let fetch_span = span.clone();
-                tracing::Instrument::instrument(async move {
-                    let span = fetch_span;
-                    let _permit = permits.acquire_owned().await;
-                    let answer = match vault.fetch(&mount, request).await {
-                        Err(Refused::Failed(err)) if failover.is_some() && fails_over(&err) => {
-                            let Some((target, again)) = failover else {
-                                return (index, Fetched::Failed(err));
-                            };
-                            tracing::warn!(
-                                secret = %path,
-                                region = %target.region,
-                                error = %chain(&err),
-                                "the primary region failed; reading the failover region"
-                            );
-                            span.record("region", "failover");
-                            let answer = vault.fetch(&mount, again).await;
-                            if answer.is_ok() {
-                                stats.failover.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!(secret = %path, region = %target.region, "served by the failover region");
-                            }
-                            answer
-                        }
-                        answer => {
-                            span.record("region", "primary");
-                            if answer.is_ok() {
-                                stats.primary.fetch_add(1, Ordering::Relaxed);
-                            }
-                            answer
-                        }
-                    };
-                    match answer {
-                        Ok(held) => {
-                            let (bundle, lookup) = held.value.into_parts();
-                            span.record("lookup", lookup.as_str());
-                            if let Some(id) = &bundle.opc_request_id {
-                                span.record("oci.request_id", id.as_str());
-                            }
-                            (index, Fetched::Bundle(bundle, lookup, held.reservation, held.over))
-                        }
-                        Err(Refused::Budget(refusal)) => (index, Fetched::Refused(refusal)),
-                        Err(Refused::MountOver) => (index, Fetched::MountOver),
-                        Err(Refused::Failed(err)) => {
-                            span.record("error.kind", vault_kind(&err).as_str());
-                            if let Some(id) = err.opc_request_id() {
-                                span.record("oci.request_id", id);
-                            }
-                            (index, Fetched::Failed(err))
-                        }
-                    }
-                }, span)
+                let fetch = SecretFetch {
+                    vault: self.vault.clone(),
+                    mount: mount.clone(),
+                    permits: permits.clone(),
+                    stats: self.config.served.clone(),
+                    path: spec.path.clone(),
+                    span: span.clone(),
+                };
+                let fetched = fetch.run(primary, failover);
+                tracing::Instrument::instrument(async move { (index, fetched.await) }, span)
             })
             .collect();
         let mut bundles: Vec<Option<vault::SecretBundle>> =
@@ -285,6 +210,129 @@ where
         tracing::Span::current().record("upstream_calls", upstream);
         log_shared(established.credential(), &bundles, shared);
         Ok((bundles, reservations))
+    }
+}
+
+/// The request of a secret entry to its primary region and, when the class and the entry
+/// name one, to the failover region. With a failover, the primary gets half of the time
+/// left, so that the failover has time to answer.
+fn secret_requests(
+    spec: &SecretSpec,
+    established: &auth::Established,
+    targets: &Targets,
+    deadline: tokio::time::Instant,
+) -> (
+    vault::SecretRequest,
+    Option<(ResolvedRegion, vault::SecretRequest)>,
+) {
+    let request = |base_url: &str, source: &SecretSource, deadline| vault::SecretRequest {
+        base_url: base_url.to_owned(),
+        session: established.session.clone(),
+        secret: match source {
+            SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
+                vault_id: vault_id.clone(),
+                name: name.clone(),
+            },
+            SecretSource::Id(secret_id) => vault::SecretRef::ById {
+                secret_id: secret_id.clone(),
+            },
+        },
+        selector: selector(spec),
+        deadline,
+    };
+    let failover = targets
+        .failover
+        .as_ref()
+        .zip(spec.failover.as_ref())
+        .map(|(target, source)| {
+            (
+                target.clone(),
+                request(&target.secrets_endpoint, source, deadline),
+            )
+        });
+    let primary_deadline = match failover {
+        Some(_) => {
+            let now = tokio::time::Instant::now();
+            now + deadline.saturating_duration_since(now) / 2
+        }
+        None => deadline,
+    };
+    (
+        request(&targets.primary, &spec.source, primary_deadline),
+        failover,
+    )
+}
+
+/// One secret entry's fetch: a fan-out permit, the primary region through the byte
+/// budget, the failover region if the primary failed in a way that fails over; what
+/// happened goes into its span.
+struct SecretFetch<V> {
+    vault: Budgeted<V>,
+    mount: Arc<MountBytes>,
+    permits: Arc<Semaphore>,
+    stats: Arc<RegionStats>,
+    path: csi_grpc::FilePath,
+    span: tracing::Span,
+}
+
+impl<V> SecretFetch<V>
+where
+    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
+    V::Response: BundleResponse,
+    V::Future: Send + 'static,
+{
+    async fn run(
+        self,
+        primary: vault::SecretRequest,
+        failover: Option<(ResolvedRegion, vault::SecretRequest)>,
+    ) -> Fetched {
+        let _permit = self.permits.acquire_owned().await;
+        let answer = match self.vault.fetch(&self.mount, primary).await {
+            Err(Refused::Failed(err)) if failover.is_some() && fails_over(&err) => {
+                let Some((target, again)) = failover else {
+                    return Fetched::Failed(err);
+                };
+                tracing::warn!(
+                    secret = %self.path,
+                    region = %target.region,
+                    error = %chain(&err),
+                    "the primary region failed; reading the failover region"
+                );
+                self.span.record("region", "failover");
+                let answer = self.vault.fetch(&self.mount, again).await;
+                if answer.is_ok() {
+                    self.stats.failover.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(secret = %self.path, region = %target.region, "served by the failover region");
+                }
+                answer
+            }
+            answer => {
+                self.span.record("region", "primary");
+                if answer.is_ok() {
+                    self.stats.primary.fetch_add(1, Ordering::Relaxed);
+                }
+                answer
+            }
+        };
+        match answer {
+            Ok(held) => {
+                let (bundle, lookup) = held.value.into_parts();
+                self.span.record("lookup", lookup.as_str());
+                if let Some(id) = &bundle.opc_request_id {
+                    self.span.record("oci.request_id", id.as_str());
+                }
+                Fetched::Bundle(bundle, lookup, held.reservation, held.over)
+            }
+            Err(Refused::Budget(refusal)) => Fetched::Refused(refusal),
+            Err(Refused::MountOver) => Fetched::MountOver,
+            Err(Refused::Failed(err)) => {
+                self.span.record("error.kind", vault_kind(&err).as_str());
+                if let Some(id) = err.opc_request_id() {
+                    self.span.record("oci.request_id", id);
+                }
+                Fetched::Failed(err)
+            }
+        }
     }
 }
 
