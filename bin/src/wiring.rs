@@ -238,7 +238,7 @@ pub(crate) fn build(
         OciMount::new(principals.clone(), vault, mount_config).with_certificates(certificates);
 
     // 6. The CSI gRPC service, with its limits, reporting to the metrics.
-    let caches = crate::metrics::CacheSources {
+    let caches = crate::metrics::ScrapeSources {
         bundles,
         principals,
         served,
