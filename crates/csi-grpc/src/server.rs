@@ -418,7 +418,7 @@ where
             pod.name = tracing::field::Empty,
             caller = tracing::field::Empty,
             spc = tracing::field::Empty,
-            secrets = tracing::field::Empty,
+            files = tracing::field::Empty,
             upstream_calls = tracing::field::Empty,
         );
         let result = CsiProvider::mount(self, request, &span).await;
@@ -430,7 +430,7 @@ where
             },
         );
         if let Ok(response) = &result {
-            span.record("secrets", response.files.len());
+            span.record("files", response.files.len());
         }
         let _entered = span.enter();
         if let Some(observer) = &self.observer {

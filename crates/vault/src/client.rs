@@ -223,6 +223,8 @@ impl<S> VaultClient<S> {
 /// Secrets and the Certificates APIs share everything else (signing, retries, errors).
 pub(crate) trait Call: Send + 'static {
     type Answer: Send + 'static;
+    /// Which API the call is to, as logs name it.
+    const API: &'static str;
     fn deadline(&self) -> Instant;
     fn identity(&self) -> auth::Identity;
     fn session(&self) -> &auth::Session;
@@ -240,6 +242,7 @@ pub(crate) trait Call: Send + 'static {
 
 impl Call for SecretRequest {
     type Answer = SecretBundle;
+    const API: &'static str = "secrets";
     fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -268,6 +271,7 @@ impl Call for SecretRequest {
 
 impl Call for CertificateRequest {
     type Answer = CertificateBundle;
+    const API: &'static str = "certificates";
     fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -407,7 +411,8 @@ where
                 attempt = attempts,
                 error = %error,
                 delay_ms = delay.as_millis() as u64,
-                "retrying OCI secrets call"
+                api = R::API,
+                "retrying OCI call"
             );
             self.retries.count(RetryReason::of(&error));
             // No answer is held while sleeping: the caller's reservation goes back meanwhile.
