@@ -168,7 +168,7 @@ async fn mounts_are_exported_as_span_trees_without_secrets() {
         assert_eq!(upstream.len(), 1);
         assert!(attribute(upstream[0], "http.response.status_code").is_some());
     }
-    assert_eq!(attribute(mounts[0], "secrets").as_deref(), Some("1"));
+    assert_eq!(attribute(mounts[0], "files").as_deref(), Some("1"));
     let identity = all.iter().find(|s| s.name == "establish identity").unwrap();
     assert_eq!(
         attribute(identity, "principal").as_deref(),
