@@ -1,0 +1,118 @@
+//! The class-level attributes: `authType` and `authSecretName`, `vaultId`, `region` and
+//! `failoverRegion`, and the OCID check every OCID a user writes goes through.
+
+use std::collections::BTreeMap;
+
+use csi_grpc::Pod;
+
+use super::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, ParamError, VAULT_ID};
+
+pub(super) fn parse_auth(
+    attributes: &BTreeMap<String, String>,
+    pod: &Pod,
+) -> Result<AuthSpec, ParamError> {
+    const KINDS: &str = "expected one of user, instance, workload";
+    let auth = match attributes.get(AUTH_TYPE).map(String::as_str) {
+        None | Some("") => {
+            return Err(ParamError(format!(
+                "missed \"authType\" SecretProviderClass parameters: {KINDS}"
+            )));
+        }
+        Some("instance") => AuthSpec::Instance,
+        Some("workload") => AuthSpec::Workload,
+        Some("user") => match attributes.get(AUTH_SECRET_NAME).map(|s| s.trim()) {
+            Some(name) if !name.is_empty() => AuthSpec::User {
+                secret_name: name.to_owned(),
+            },
+            _ => {
+                return Err(ParamError(
+                    "missed \"authSecretName\" SecretProviderClass parameters: authType \"user\" \
+                     reads the API key from this Kubernetes Secret in the pod's namespace"
+                        .to_owned(),
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(ParamError(format!(
+                "invalid auth principal type, {other}: parameter \"authType\" {KINDS} (lower case)"
+            )));
+        }
+    };
+    let missing = |what: &str, key: &str| {
+        ParamError(format!(
+            "authType \"{}\" needs the pod's {what} ({key}); is podInfoOnMount enabled on the \
+             secrets-store.csi.k8s.io CSIDriver?",
+            auth.auth_type()
+        ))
+    };
+    let present = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
+    match auth {
+        AuthSpec::User { .. } | AuthSpec::Workload if !present(&pod.namespace) => {
+            return Err(missing("namespace", "csi.storage.k8s.io/pod.namespace"));
+        }
+        AuthSpec::Workload if !present(&pod.service_account) => {
+            return Err(missing(
+                "service account",
+                "csi.storage.k8s.io/serviceAccount.name",
+            ));
+        }
+        _ => {}
+    }
+    Ok(auth)
+}
+
+/// A region parameter as written: a region id or short code (`us-ashburn-1`, `iad`), never
+/// a host or URL; whether the provider knows it is checked when the mount resolves it.
+pub(super) fn parse_region(
+    attributes: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<String>, ParamError> {
+    match attributes.get(key).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(r)
+            if r.len() <= 64
+                && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && auth::region::validate(r).is_ok() =>
+        {
+            Ok(Some(r.to_ascii_lowercase()))
+        }
+        Some(r) => Err(ParamError(format!(
+            "parameter {key:?} {r:?} is not a region id or short code (e.g. us-ashburn-1 or iad): \
+             letters, digits and hyphens only, never a host"
+        ))),
+    }
+}
+
+/// The class-level `vaultId`, when given; whether it is needed is decided per entry.
+pub(super) fn parse_vault_id(
+    attributes: &BTreeMap<String, String>,
+) -> Result<Option<String>, ParamError> {
+    match attributes.get(VAULT_ID).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(id) => check_ocid("parameter \"vaultId\"", id, "vault").map(Some),
+    }
+}
+
+/// An OCID a user wrote: at most 255 characters, no surrounding spaces, and (for secret and
+/// vault OCIDs) of the right type, so a typo is named before any call.
+pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
+    if id.len() > MAX_OCI_PARAMETER_LEN || id.trim() != id || id.is_empty() {
+        return Err(ParamError(format!(
+            "{what} {id:?} is not a {kind} OCID (at most {MAX_OCI_PARAMETER_LEN} characters, no \
+             surrounding spaces)"
+        )));
+    }
+    let prefix = match kind {
+        "secret" => "ocid1.vaultsecret.",
+        "vault" => "ocid1.vault.",
+        other => &format!("ocid1.{other}."),
+    };
+    // The Go provider sent any vaultId as given; only OCIDs of what it did not read (secret
+    // and certificate OCIDs, new) are held to their type.
+    if kind != "vault" && !id.starts_with(prefix) {
+        return Err(ParamError(format!(
+            "{what} {id:?} is not a {kind} OCID: it must start with {prefix}"
+        )));
+    }
+    Ok(id.to_owned())
+}

@@ -1,0 +1,421 @@
+//! The `secrets` list as written: serde shapes of its entries, read within the mount's entry
+//! and file allowances, and the one table of which field applies to which kind of entry.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::{
+    CertificateKind, HANDLE_PREFIX, ParamError, ParseLimits, RETRIEVE_PREFIX, SECRETS,
+    UNMARSHAL_PREFIX,
+};
+
+std::thread_local! {
+    /// Files the list being parsed on this thread may still name (`None`: no parse under
+    /// way). The YAML parse is synchronous, so the count cannot cross another parse.
+    static FILES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Takes one file from the parse's allowance; `false` once it is used up.
+fn take_file() -> bool {
+    FILES_LEFT.with(|left| match left.get() {
+        Some(0) => false,
+        Some(n) => {
+            left.set(Some(n - 1));
+            true
+        }
+        None => true,
+    })
+}
+
+/// A `keys` list, each item counted against the files the mount may write as it is read.
+#[derive(Debug)]
+pub(super) struct CappedKeys(pub(super) Vec<RawKey>);
+
+impl<'de> Deserialize<'de> for CappedKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeysVisitor;
+        impl<'de> Visitor<'de> for KeysVisitor {
+            type Value = CappedKeys;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of keys")
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CappedKeys, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+                while let Some(key) = seq.next_element::<RawKey>()? {
+                    if !take_file() {
+                        return Err(de::Error::custom(TOO_MANY_FILES));
+                    }
+                    out.push(key);
+                }
+                Ok(CappedKeys(out))
+            }
+        }
+        deserializer.deserialize_seq(KeysVisitor)
+    }
+}
+
+/// The marker of the parse error that the file allowance ran out.
+const TOO_MANY_FILES: &str = "too many files";
+
+/// `versionNumber` as written: Go accepts an integer or a quoted integer, nothing else.
+#[derive(Debug)]
+pub(super) enum RawVersion {
+    Integer(i128),
+    Text(String),
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for RawVersion {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawVersion;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer version number")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawVersion, E> {
+                Ok(RawVersion::Integer(v.into()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawVersion, E> {
+                Ok(RawVersion::Integer(v.into()))
+            }
+            fn visit_i128<E: de::Error>(self, v: i128) -> Result<RawVersion, E> {
+                Ok(RawVersion::Integer(v))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawVersion, E> {
+                Ok(RawVersion::Other(format!("{v:?}")))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawVersion, E> {
+                Ok(RawVersion::Other(v.to_string()))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawVersion, E> {
+                Ok(RawVersion::Text(v.to_owned()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawVersion, E> {
+                Ok(RawVersion::Text(String::new()))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<RawVersion, E> {
+                Ok(RawVersion::Text(String::new()))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `mode` as written: a string of octal digits; a YAML integer is refused (YAML 1.1 reads
+/// `0400` as octal 256, YAML 1.2 as decimal 400).
+#[derive(Debug)]
+pub(super) enum RawMode {
+    Text(String),
+    Integer(String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for RawMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quoted octal mode such as \"0400\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawMode, E> {
+                Ok(RawMode::Integer(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawMode, E> {
+                Ok(RawMode::Other)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawMode, E> {
+                Ok(RawMode::Text(v.to_owned()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawMode, E> {
+                Ok(RawMode::Text(String::new()))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSecret {
+    pub(super) name: Option<String>,
+    #[serde(rename = "secretId")]
+    pub(super) secret_id: Option<String>,
+    #[serde(rename = "vaultId")]
+    pub(super) vault_id: Option<String>,
+    pub(super) stage: Option<String>,
+    #[serde(rename = "versionNumber")]
+    pub(super) version_number: Option<RawVersion>,
+    #[serde(rename = "versionName")]
+    pub(super) version_name: Option<String>,
+    #[serde(rename = "fileName")]
+    pub(super) file_name: Option<String>,
+    pub(super) mode: Option<RawMode>,
+    pub(super) encoding: Option<String>,
+    pub(super) keys: Option<CappedKeys>,
+    pub(super) format: Option<String>,
+    #[serde(rename = "failoverVaultId")]
+    pub(super) failover_vault_id: Option<String>,
+    #[serde(rename = "certificateId")]
+    pub(super) certificate_id: Option<String>,
+    #[serde(rename = "certificateAuthorityId")]
+    pub(super) certificate_authority_id: Option<String>,
+    #[serde(rename = "caBundleId")]
+    pub(super) ca_bundle_id: Option<String>,
+    #[serde(rename = "privateKey")]
+    pub(super) private_key: Option<bool>,
+    pub(super) directory: Option<String>,
+    #[serde(rename = "certFileName")]
+    pub(super) cert_file_name: Option<String>,
+    #[serde(rename = "chainFileName")]
+    pub(super) chain_file_name: Option<String>,
+    #[serde(rename = "keyFileName")]
+    pub(super) key_file_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKey {
+    pub(super) key: Option<String>,
+    #[serde(rename = "fileName")]
+    pub(super) file_name: Option<String>,
+    pub(super) mode: Option<RawMode>,
+}
+
+pub(super) fn parse_secrets_yaml(
+    attributes: &BTreeMap<String, String>,
+    limits: ParseLimits,
+) -> Result<Vec<RawSecret>, ParamError> {
+    let max_secrets = limits.max_secrets;
+    let yaml = attributes.get(SECRETS).ok_or_else(|| {
+        ParamError(format!(
+            "{HANDLE_PREFIX}: missed \"secrets\" SecretProviderClass parameters"
+        ))
+    })?;
+    if yaml.trim().is_empty() {
+        return Err(ParamError(format!(
+            "{HANDLE_PREFIX}: missed content of SecretProviderClass parameter \"secrets\""
+        )));
+    }
+    let over = std::cell::Cell::new(false);
+    let seed = CappedList {
+        max: max_secrets,
+        over: &over,
+    };
+    let previous = FILES_LEFT.with(|left| left.replace(Some(limits.max_files)));
+    let parsed = serde_saphyr::with_deserializer_from_str(yaml, |de| {
+        serde::de::DeserializeSeed::deserialize(seed, de)
+    });
+    let files_over = FILES_LEFT.with(|left| left.replace(previous)) == Some(0)
+        && parsed
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains(TOO_MANY_FILES));
+    if files_over {
+        return Err(ParamError(format!(
+            "{RETRIEVE_PREFIX}: the list names more than {} files (entries and keys items), \
+             the most one mount may write (server.max_files_per_mount); parsing stopped there: \
+             split it over several SecretProviderClasses",
+            limits.max_files
+        )));
+    }
+    if over.get() {
+        return Err(ParamError(format!(
+            "{UNMARSHAL_PREFIX}: the list has more than {max_secrets} entries, the most one \
+             mount may have (server.max_secrets_per_mount); split it over several \
+             SecretProviderClasses"
+        )));
+    }
+    parsed.map_err(|e| {
+        ParamError(format!(
+            "{UNMARSHAL_PREFIX}: expected a YAML list of {{name, stage, versionNumber, fileName}}: {}",
+            one_line(&e.to_string())
+        ))
+    })
+}
+
+/// A YAML sequence of [`RawSecret`] of at most `max` entries: past it, deserializing stops
+/// with an error (and `over` set), before the rest of the list is built.
+struct CappedList<'a> {
+    max: usize,
+    over: &'a std::cell::Cell<bool>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for CappedList<'_> {
+    type Value = Vec<RawSecret>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CappedList<'_> {
+    type Value = Vec<RawSecret>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of secrets")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
+        while out.len() < self.max {
+            match seq.next_element::<RawSecret>()? {
+                Some(entry) => {
+                    // The entry's own file, unless it has keys (which counted themselves as
+                    // they were read, and an entry with keys writes the whole secret only
+                    // with fileName): a lower bound, the exact count follows the checks.
+                    if entry.keys.is_none() && !take_file() {
+                        return Err(de::Error::custom(TOO_MANY_FILES));
+                    }
+                    out.push(entry);
+                }
+                None => return Ok(out),
+            }
+        }
+        // One more entry, of any shape, is one too many; it is not built.
+        if seq.next_element::<de::IgnoredAny>()?.is_some() {
+            self.over.set(true);
+            return Err(de::Error::custom("too many entries"));
+        }
+        Ok(out)
+    }
+}
+
+/// Pod events show one line; YAML errors may span several (with a source excerpt).
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The kinds of entry a field applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Applies {
+    secret: bool,
+    certificate: bool,
+    certificate_authority: bool,
+    ca_bundle: bool,
+}
+
+impl Applies {
+    const SECRET: Self = Self::new(true, false, false, false);
+    const ANY_CERTIFICATE: Self = Self::new(false, true, true, true);
+    const VERSIONED: Self = Self::new(true, true, true, false);
+    const LEAF: Self = Self::new(false, true, false, false);
+    const EVERY: Self = Self::new(true, true, true, true);
+
+    const fn new(
+        secret: bool,
+        certificate: bool,
+        certificate_authority: bool,
+        ca_bundle: bool,
+    ) -> Self {
+        Self {
+            secret,
+            certificate,
+            certificate_authority,
+            ca_bundle,
+        }
+    }
+
+    pub(super) fn to(self, kind: Option<CertificateKind>) -> bool {
+        match kind {
+            None => self.secret,
+            Some(CertificateKind::Certificate) => self.certificate,
+            Some(CertificateKind::CertificateAuthority) => self.certificate_authority,
+            Some(CertificateKind::CaBundle) => self.ca_bundle,
+        }
+    }
+}
+
+impl RawSecret {
+    /// The fields given, as written, with the kinds of entry each applies to. The struct is
+    /// destructured without `..`: a field added to `RawSecret` does not compile until it is
+    /// placed here, so no field can pass unchecked.
+    pub(super) fn given(&self) -> Vec<(&'static str, Applies)> {
+        let RawSecret {
+            name,
+            secret_id,
+            vault_id,
+            stage,
+            version_number,
+            version_name,
+            file_name,
+            mode,
+            encoding,
+            keys,
+            format,
+            failover_vault_id,
+            certificate_id,
+            certificate_authority_id,
+            ca_bundle_id,
+            private_key,
+            directory,
+            cert_file_name,
+            chain_file_name,
+            key_file_name,
+        } = self;
+        let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2);
+        let named = |id: &Option<String>| id.as_deref().is_some_and(|v| !v.is_empty());
+        [
+            ("name", name.is_some(), Applies::SECRET),
+            ("secretId", secret_id.is_some(), Applies::SECRET),
+            ("vaultId", vault_id.is_some(), Applies::SECRET),
+            ("fileName", file_name.is_some(), Applies::SECRET),
+            ("encoding", encoding.is_some(), Applies::SECRET),
+            ("keys", keys.is_some(), Applies::SECRET),
+            ("format", format.is_some(), Applies::SECRET),
+            (
+                "failoverVaultId",
+                failover_vault_id.is_some(),
+                Applies::SECRET,
+            ),
+            ("stage", stage.is_some(), Applies::VERSIONED),
+            (
+                "versionNumber",
+                version_number.is_some(),
+                Applies::VERSIONED,
+            ),
+            ("versionName", version_name.is_some(), Applies::VERSIONED),
+            ("privateKey", private_key.is_some(), Applies::LEAF),
+            ("directory", directory.is_some(), Applies::ANY_CERTIFICATE),
+            ("certFileName", cert_file_name.is_some(), Applies::LEAF),
+            (
+                "chainFileName",
+                chain_file_name.is_some(),
+                Applies::ANY_CERTIFICATE,
+            ),
+            ("keyFileName", key_file_name.is_some(), Applies::LEAF),
+            ("mode", mode.is_some(), Applies::EVERY),
+            // An empty id names no certificate (the entry is judged as a secret).
+            ("certificateId", named(certificate_id), cert_only(0)),
+            (
+                "certificateAuthorityId",
+                named(certificate_authority_id),
+                cert_only(1),
+            ),
+            ("caBundleId", named(ca_bundle_id), cert_only(2)),
+        ]
+        .into_iter()
+        .filter(|(_, set, _)| *set)
+        .map(|(field, _, applies)| (field, applies))
+        .collect()
+    }
+
+    /// The first field given that does not apply to an entry of `kind` (`None`: a secret).
+    pub(super) fn misplaced(&self, kind: Option<CertificateKind>) -> Option<&'static str> {
+        self.given()
+            .into_iter()
+            .find(|(_, applies)| !applies.to(kind))
+            .map(|(field, _)| field)
+    }
+}
