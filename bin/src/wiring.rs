@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use auth::{Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
 use cache::{Cache, CacheService};
-use provider::{ByteBudget, MountConfig, OciMount};
+use provider::{ByteBudget, EndpointOverrides, Endpoints, MountConfig, OciMount};
+use regions::Regions;
 use tower::Layer as _;
 use transport::{HttpService, Proxy, Transport, TransportConfig};
 use vault::{RetryPolicy, VaultClient};
@@ -43,28 +44,6 @@ pub(crate) struct Stack {
     pub(crate) provider: csi_grpc::CsiProvider<Mount>,
     /// What `/metrics` reports (the transport's hosts, the byte budget, the mounts).
     pub(crate) metrics: Arc<Metrics>,
-}
-
-/// The SecretProviderClasses' `region` and `failoverRegion`, resolved as the principals
-/// resolve theirs (known regions only; `[endpoints] secrets_by_region` first).
-#[derive(Debug)]
-struct PrincipalRegions(Principals);
-
-impl provider::RegionResolver for PrincipalRegions {
-    fn resolve(&self, region: &str) -> Result<provider::ResolvedRegion, String> {
-        let (resolved, secrets_endpoint) =
-            self.0.secrets_region(region).map_err(|e| e.to_string())?;
-        let certificates_endpoint = self
-            .0
-            .certificates_region(&resolved)
-            .map_err(|e| e.to_string())?;
-        Ok(provider::ResolvedRegion {
-            region: resolved.id().to_owned(),
-            realm: resolved.domain().map(str::to_owned),
-            secrets_endpoint,
-            certificates_endpoint,
-        })
-    }
 }
 
 fn bundle_cache_config(c: &CacheConfig) -> cache::CacheConfig {
@@ -119,57 +98,63 @@ fn authority(url: &str, key: &str) -> anyhow::Result<String> {
     transport::authority_of(&uri).with_context(|| format!("{key} {url:?} has no host"))
 }
 
-impl From<&Config> for PrincipalsConfig {
-    fn from(config: &Config) -> Self {
-        let e = &config.endpoints;
-        PrincipalsConfig {
-            region: config.region.clone(),
-            region_metadata: e.region_metadata.clone(),
-            default_realm: e.default_realm.clone(),
-            secrets_endpoint: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
-            secrets_endpoints_by_region: e
-                .secrets_by_region
-                .iter()
-                .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
-                .collect(),
-            certificates_endpoint: e.certificates.as_ref().map(|u| u.as_str().to_owned()),
-            certificates_endpoints_by_region: e
-                .certificates_by_region
-                .iter()
-                .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
-                .collect(),
-            federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
-            instance_metadata: e.instance_metadata.as_str().to_owned(),
-            proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
-            kubernetes_api: e.kubernetes_api.as_ref().map(|u| u.as_str().to_owned()),
-            kubernetes_service_host: e.kubernetes_service_host.clone(),
-            kubernetes_service_port: e.kubernetes_service_port,
-            kubeconfig: e.kubeconfig.clone(),
-            service_account_token_file: e.service_account_token_file.clone(),
-            user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
-            max_concurrent_key_loads: config.auth.max_concurrent_key_loads.max(1),
-            key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
-            workload_audience: config.auth.workload_audience.clone(),
-            token_request: config.auth.token_request,
-            ..PrincipalsConfig::default()
-        }
+/// The regions the process knows: the built-in table, `OCI_REGION_METADATA`,
+/// `OCI_DEFAULT_REALM` and the SDK's `~/.oci/regions-config.json`, read only from the
+/// `HOME` we were given. The principals and the mount service's endpoints share them.
+pub(crate) fn regions(config: &Config, env: &BTreeMap<String, String>) -> anyhow::Result<Regions> {
+    let e = &config.endpoints;
+    let file = env
+        .get("HOME")
+        .map(|home| std::path::Path::new(home).join(".oci/regions-config.json"))
+        .filter(|path| path.is_file());
+    Regions::from_files(
+        e.region_metadata.as_deref(),
+        file.as_deref(),
+        e.default_realm.as_deref(),
+    )
+    .context("cannot read the regions")
+}
+
+/// The principals' configuration: the region, `[auth]` and where each identity endpoint
+/// is (federation, instance metadata, proxymux, the Kubernetes API).
+pub(crate) fn principals_config(config: &Config, regions: Regions) -> PrincipalsConfig {
+    let e = &config.endpoints;
+    PrincipalsConfig {
+        region: config.region.clone(),
+        regions,
+        federation_endpoint: e.federation.as_ref().map(|u| u.as_str().to_owned()),
+        instance_metadata: e.instance_metadata.as_str().to_owned(),
+        proxymux: e.proxymux.as_ref().map(|u| u.as_str().to_owned()),
+        kubernetes_api: e.kubernetes_api.as_ref().map(|u| u.as_str().to_owned()),
+        kubernetes_service_host: e.kubernetes_service_host.clone(),
+        kubernetes_service_port: e.kubernetes_service_port,
+        kubeconfig: e.kubeconfig.clone(),
+        service_account_token_file: e.service_account_token_file.clone(),
+        user_secret_ttl: Duration::from_secs(config.auth.user_secret_ttl_seconds),
+        max_concurrent_key_loads: config.auth.max_concurrent_key_loads.max(1),
+        key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
+        workload_audience: config.auth.workload_audience.clone(),
+        token_request: config.auth.token_request,
+        ..PrincipalsConfig::default()
     }
 }
 
-/// The principals' configuration: `[endpoints]`, `[auth]` and the region, plus the SDK's
-/// `~/.oci/regions-config.json` for regions it does not know, read only from the `HOME`
-/// we were given.
-pub(crate) fn principals_config(
-    config: &Config,
-    env: &BTreeMap<String, String>,
-) -> PrincipalsConfig {
-    PrincipalsConfig {
-        regions_config_file: env
-            .get("HOME")
-            .map(|home| std::path::Path::new(home).join(".oci/regions-config.json"))
-            .filter(|path| path.is_file()),
-        ..PrincipalsConfig::from(config)
-    }
+/// Where the mount service's Secrets and Certificates calls go: the regions' own URLs
+/// unless `[endpoints]` overrides them.
+fn endpoints(config: &Config, regions: Regions) -> anyhow::Result<Endpoints> {
+    let e = &config.endpoints;
+    let by_region = |urls: &BTreeMap<String, crate::endpoints::HttpsUrl>| {
+        urls.iter()
+            .map(|(region, url)| (region.clone(), url.as_str().to_owned()))
+            .collect()
+    };
+    let overrides = EndpointOverrides {
+        secrets: e.secrets.as_ref().map(|u| u.as_str().to_owned()),
+        secrets_by_region: by_region(&e.secrets_by_region),
+        certificates: e.certificates.as_ref().map(|u| u.as_str().to_owned()),
+        certificates_by_region: by_region(&e.certificates_by_region),
+    };
+    Endpoints::new(regions, config.region.as_deref(), overrides).context("invalid region")
 }
 
 /// Builds the whole stack, bottom to top: the one transport with trust per destination,
@@ -182,7 +167,9 @@ pub(crate) fn build(
     clock: SharedClock,
     traces: &Traces,
 ) -> anyhow::Result<Stack> {
-    let principals_config = principals_config(config, env);
+    let regions = regions(config, env)?;
+    let endpoints = Arc::new(endpoints(config, regions.clone())?);
+    let principals_config = principals_config(config, regions);
 
     // 1. The one transport, trusting each destination for itself, timing every exchange.
     let timings = Arc::new(crate::metrics::UpstreamTimings::new(host_classes(
@@ -229,7 +216,7 @@ pub(crate) fn build(
     let mount_config = MountConfig {
         budget: Some(budget.clone()),
         tenant_keys: principals.tenant_keys(),
-        regions: Some(Arc::new(PrincipalRegions(principals.clone()))),
+        endpoints,
         served: served.clone(),
         certificate_expiry: certificate_expiry.clone(),
         ..mount_config(config)
@@ -333,16 +320,16 @@ fn host_classes(
             classes.insert(a, class);
         }
     };
-    name(principals_config.secrets_endpoint.as_deref(), "secrets");
-    for url in principals_config.secrets_endpoints_by_region.values() {
-        name(Some(url), "secrets");
+    let e = &config.endpoints;
+    for url in e.secrets.iter().chain(e.secrets_by_region.values()) {
+        name(Some(url.as_str()), "secrets");
     }
-    name(
-        principals_config.certificates_endpoint.as_deref(),
-        "certificates",
-    );
-    for url in principals_config.certificates_endpoints_by_region.values() {
-        name(Some(url), "certificates");
+    for url in e
+        .certificates
+        .iter()
+        .chain(e.certificates_by_region.values())
+    {
+        name(Some(url.as_str()), "certificates");
     }
     name(
         principals_config.federation_endpoint.as_deref(),

@@ -1,5 +1,5 @@
-use crate::region::RegionError;
 use crate::{Identity, KeyError};
+use regions::RegionError;
 
 /// A boxed error, as tower layers pass them around.
 pub use tower::BoxError;

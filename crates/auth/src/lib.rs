@@ -15,7 +15,6 @@
 //!   Secret, instance principal, OKE workload identity): [`Principals::establish`] readies
 //!   one mount's identity and answers with its [`Session`], from per-identity caches.
 //!   Every call it makes goes through the one transport.
-//! - [`region`] resolves region strings to the Secrets and federation endpoints.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
@@ -26,7 +25,6 @@ mod jwt;
 mod key;
 mod kube;
 mod principals;
-pub mod region;
 mod remote;
 mod session;
 mod signing;

@@ -2,25 +2,24 @@
 //!
 //! `csi-grpc` hands this crate a typed [`csi_grpc::MountRequest`]; this crate reads the
 //! SecretProviderClass parameters of OCI ([`MountParameters`]), establishes the identity
-//! (`auth`), fetches the secret bundles concurrently (`vault`), and assembles the files and
-//! object versions. It is the only crate that knows both the CSI request and OCI.
+//! (`auth`), resolves where its calls go ([`Endpoints`]), fetches the secret bundles
+//! concurrently (`vault`), and assembles the files and object versions. It is the only crate that knows both the CSI request and OCI.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
 mod certificates;
+mod endpoints;
 mod extract;
 mod params;
 mod service;
 
 pub use budget::{ByteBudget, Refusal, Reservation, Weigh};
 pub use certificates::{CertificateExpiry, CertificateService, NoCertificates};
+pub use endpoints::{EndpointError, EndpointOverrides, Endpoints, RegionEndpoints};
 pub use extract::{Format, KeySpec};
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
     Encoding, MountParameters, ParamError, ParseLimits, SecretSource, SecretSpec, Stage,
     VersionSelector,
 };
-pub use service::{
-    BundleResponse, IdentityService, MountConfig, OciMount, RegionResolver, RegionStats,
-    ResolvedRegion,
-};
+pub use service::{BundleResponse, IdentityService, MountConfig, OciMount, RegionStats};

@@ -13,10 +13,10 @@ use zeroize::Zeroizing;
 
 use super::{Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
-use crate::region::Region;
 use crate::remote::{build, error_detail, send};
 use crate::signing::{BoxFuture, KeyId, SignatureProfile, SigningKey, sign_request};
 use crate::{Credential, Identity, PrivateKey, jwt};
+use regions::Region;
 
 /// The instance's session token and key.
 #[derive(Clone, Debug)]
@@ -50,8 +50,6 @@ pub(super) async fn establish(
     deadline: tokio::time::Instant,
 ) -> Result<super::Established, AuthError> {
     let region = region(inner, deadline).await?;
-    let secrets_endpoint = inner.secrets_endpoint(Some(region))?;
-    let certificates_endpoint = inner.certificates_endpoint(Some(region))?;
     let session = session(inner, deadline).await?;
     Ok(super::Established {
         region: Some(region.clone()),
@@ -60,8 +58,6 @@ pub(super) async fn establish(
             session.key,
             Arc::new(Renewal(Arc::clone(inner))),
         ),
-        secrets_endpoint,
-        certificates_endpoint,
     })
 }
 
@@ -166,7 +162,15 @@ fn federation_url(inner: &Inner, region: &Region) -> String {
     match &inner.config.federation_endpoint {
         Some(url) if url.contains("://") => url.trim_end_matches('/').to_owned(),
         Some(url) => format!("https://{}", url.trim_end_matches('/')),
-        None => region.federation_endpoint(),
+        None => federation_endpoint(region),
+    }
+}
+
+/// `https://auth.<region>.<domain>` (spec 4.3); for a dotted region `https://auth.<region>`.
+fn federation_endpoint(region: &Region) -> String {
+    match region.domain() {
+        Some(domain) => format!("https://auth.{region}.{domain}"),
+        None => format!("https://auth.{region}"),
     }
 }
 
@@ -365,6 +369,23 @@ fn subject_value(der: &[u8], prefix: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_federation_endpoint_is_the_regions_auth_host() {
+        let regions = regions::Regions::default();
+        for (input, url) in [
+            ("iad", "https://auth.us-ashburn-1.oraclecloud.com"),
+            ("ltn", "https://auth.uk-gov-london-1.oraclegovcloud.uk"),
+            (
+                "eu-frankfurt-2",
+                "https://auth.eu-frankfurt-2.oraclecloud.eu",
+            ),
+            ("region.example.com", "https://auth.region.example.com"),
+        ] {
+            let region = regions.resolve(input).unwrap();
+            assert_eq!(federation_endpoint(&region), url, "{input}");
+        }
+    }
 
     #[test]
     fn truncated_der_yields_no_tenancy() {

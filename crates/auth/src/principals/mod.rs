@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cache::{Cache, CacheConfig, CacheStats};
+use regions::{Region, Regions};
 
 use secrecy::SecretString;
 use transport::HttpService;
 
 use crate::kube::KubeApi;
-use crate::region::{Region, Regions};
 use crate::signing::BoxFuture;
 use crate::{AuthError, Identity, Session, SharedClock};
 
@@ -44,22 +44,9 @@ pub struct PrincipalsConfig {
     /// The region of workload identity (`OCI_RESOURCE_PRINCIPAL_REGION`) and of the
     /// instance principal (else instance metadata says): short code, full id or domain.
     pub region: Option<String>,
-    /// `OCI_REGION_METADATA`: one region object as JSON.
-    pub region_metadata: Option<String>,
-    /// A `regions-config.json` file (JSON array of region objects). Never implied: the
-    /// binary passes `~/.oci/regions-config.json` explicitly if it wants the SDK's default.
-    pub regions_config_file: Option<PathBuf>,
-    /// `OCI_DEFAULT_REALM`: second-level domain of regions nothing else knows.
-    pub default_realm: Option<String>,
-    /// Secrets API base URL for every principal, instead of the region's.
-    pub secrets_endpoint: Option<String>,
-    /// Secrets API base URLs by region id, before `secrets_endpoint` (tests point two
-    /// regions at the emulator; a private endpoint per region).
-    pub secrets_endpoints_by_region: BTreeMap<String, String>,
-    /// Certificates API base URL for every principal, instead of the region's.
-    pub certificates_endpoint: Option<String>,
-    /// Certificates API base URLs by region id, before `certificates_endpoint`.
-    pub certificates_endpoints_by_region: BTreeMap<String, String>,
+    /// The regions the process knows: the built-in table and the operator's region
+    /// metadata. The same [`Regions`] resolve the regions of SecretProviderClasses.
+    pub regions: Regions,
     /// Federation base URL (`OCI_SDK_AUTH_CLIENT_REGION_URL`; `https://` assumed).
     pub federation_endpoint: Option<String>,
     /// Instance metadata base URL, e.g. `http://169.254.169.254/opc/v2`.
@@ -95,13 +82,7 @@ impl Default for PrincipalsConfig {
     fn default() -> Self {
         Self {
             region: None,
-            region_metadata: None,
-            regions_config_file: None,
-            default_realm: None,
-            secrets_endpoint: None,
-            secrets_endpoints_by_region: BTreeMap::new(),
-            certificates_endpoint: None,
-            certificates_endpoints_by_region: BTreeMap::new(),
+            regions: Regions::default(),
             federation_endpoint: None,
             instance_metadata: DEFAULT_INSTANCE_METADATA.to_owned(),
             proxymux: None,
@@ -249,19 +230,16 @@ impl IdentityRequest {
     }
 }
 
-/// The identity a mount's OCI calls are made as, and where they go.
+/// The identity a mount's OCI calls are made as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Established {
     /// The credential as a capability: it goes in the extensions of every request of this
     /// mount (the signing layer signs with it), and anything fetched with it is cached
     /// under its [`Session::credential`].
     pub session: Session,
-    /// The principal's region, when known (its realm bounds where a failover may go).
+    /// The principal's region, when known: where its calls go unless the class names a
+    /// region, and its realm bounds where they may go.
     pub region: Option<Region>,
-    /// Secrets API base URL, without a trailing slash.
-    pub secrets_endpoint: String,
-    /// Certificates API base URL, without a trailing slash.
-    pub certificates_endpoint: String,
 }
 
 impl Established {
@@ -377,19 +355,6 @@ impl Principals {
         ]
     }
 
-    /// The Certificates base URL of a region [`Principals::secrets_region`] resolved.
-    pub fn certificates_region(&self, region: &Region) -> Result<String, AuthError> {
-        self.inner.certificates_endpoint(Some(region))
-    }
-
-    /// A region a SecretProviderClass names (a region id or short code the provider knows,
-    /// never a host) and its Secrets base URL.
-    pub fn secrets_region(&self, region: &str) -> Result<(Region, String), AuthError> {
-        let region = self.inner.regions.resolve_known(region)?;
-        let endpoint = self.inner.secrets_endpoint(Some(&region))?;
-        Ok((region, endpoint))
-    }
-
     /// Tenant private keys loaded (decrypted) so far, user keys and certificate keys; a
     /// failed load answered from memory is not counted.
     pub fn key_loads(&self) -> u64 {
@@ -402,18 +367,14 @@ impl Principals {
         self.inner.key_gate.clone()
     }
 
-    /// Checks the configuration (region, region metadata, kubeconfig) and sets up empty
+    /// Checks the configuration (region, kubeconfig) and sets up empty
     /// caches. Nothing is contacted yet.
     pub fn new(
         config: PrincipalsConfig,
         http: HttpService,
         clock: SharedClock,
     ) -> Result<Self, AuthError> {
-        let regions = Regions::from_files(
-            config.region_metadata.as_deref(),
-            config.regions_config_file.as_deref(),
-            config.default_realm.as_deref(),
-        )?;
+        let regions = config.regions.clone();
         let region = config
             .region
             .as_deref()
@@ -455,7 +416,7 @@ impl Principals {
 
     /// Establishes the identity of one mount before any OCI call: validates the mount's
     /// own service-account token (workload), loads or renews what is needed (one exchange
-    /// per identity however many mounts ask at once), and says where its Secrets calls go.
+    /// per identity however many mounts ask at once), and says in which region it is.
     pub async fn establish(&self, request: &IdentityRequest) -> Result<Established, AuthError> {
         let deadline = request.deadline;
         let work = async {
@@ -502,41 +463,6 @@ impl Inner {
         self.kube.as_ref().ok_or_else(|| {
             AuthError::Config(
                 "no kubernetes api is configured (kubernetes_api, kubeconfig or kubernetes_service_host)"
-                    .into(),
-            )
-        })
-    }
-
-    /// The Secrets base URL for a principal whose region is `region`.
-    fn certificates_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
-        if let Some(url) =
-            region.and_then(|r| self.config.certificates_endpoints_by_region.get(r.id()))
-        {
-            return Ok(url.trim_end_matches('/').to_owned());
-        }
-        if let Some(url) = &self.config.certificates_endpoint {
-            return Ok(url.trim_end_matches('/').to_owned());
-        }
-        region.map(Region::certificates_endpoint).ok_or_else(|| {
-            AuthError::Config(
-                "no region is configured (OCI_RESOURCE_PRINCIPAL_REGION) and no certificates \
-                 endpoint"
-                    .into(),
-            )
-        })
-    }
-
-    fn secrets_endpoint(&self, region: Option<&Region>) -> Result<String, AuthError> {
-        if let Some(url) = region.and_then(|r| self.config.secrets_endpoints_by_region.get(r.id()))
-        {
-            return Ok(url.trim_end_matches('/').to_owned());
-        }
-        if let Some(url) = &self.config.secrets_endpoint {
-            return Ok(url.trim_end_matches('/').to_owned());
-        }
-        region.map(Region::secrets_endpoint).ok_or_else(|| {
-            AuthError::Config(
-                "no region is configured (OCI_RESOURCE_PRINCIPAL_REGION) and no secrets endpoint"
                     .into(),
             )
         })

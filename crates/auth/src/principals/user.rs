@@ -11,9 +11,9 @@ use zeroize::Zeroizing;
 
 use super::{IdentityRequest, Inner};
 use crate::error::{AuthError, UserSecretError};
-use crate::region::Region;
 use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, PrivateKey};
+use regions::Region;
 
 /// A loaded user key and where its calls go.
 #[derive(Clone, Debug)]
@@ -110,8 +110,6 @@ pub(super) async fn establish(
         })?;
     Ok(super::Established {
         region: Some(loaded.region.clone()),
-        secrets_endpoint: inner.secrets_endpoint(Some(&loaded.region))?,
-        certificates_endpoint: inner.certificates_endpoint(Some(&loaded.region))?,
         session: crate::Session::renewable(
             loaded.credential.clone(),
             loaded.key.clone(),

@@ -123,8 +123,6 @@ pub(super) async fn establish(
 ) -> Result<super::Established, AuthError> {
     let namespace = request.namespace()?;
     let service_account = request.service_account()?;
-    let secrets_endpoint = inner.secrets_endpoint(inner.region.as_ref())?;
-    let certificates_endpoint = inner.certificates_endpoint(inner.region.as_ref())?;
     // What the session remembers to renew with: the pod a TokenRequest may bind to.
     let pod = request
         .pod_to_bind()
@@ -217,8 +215,6 @@ pub(super) async fn establish(
                 current: session,
             }),
         ),
-        secrets_endpoint,
-        certificates_endpoint,
     })
 }
 

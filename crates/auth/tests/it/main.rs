@@ -3,7 +3,6 @@
 mod keys;
 mod layer;
 mod principals;
-mod regions;
 mod vectors;
 
 /// Reads a fixture from `tests/data/`.

@@ -65,7 +65,6 @@ async fn start(seed: Seed, tweak: impl FnOnce(&mut PrincipalsConfig, &Emulator))
     let ca = emu.files().ca.clone();
     let mut config = PrincipalsConfig {
         region: Some("us-ashburn-1".into()),
-        secrets_endpoint: Some(emu.url(Endpoint::Secrets)),
         federation_endpoint: Some(emu.url(Endpoint::Auth)),
         instance_metadata: emu.url(Endpoint::Imds),
         proxymux: Some(emu.url(Endpoint::Proxymux)),
@@ -138,7 +137,7 @@ async fn get_by_name_by(
         .method(Method::POST)
         .uri(format!(
             "{}/20190301/secretbundles/actions/getByName?secretName={SECRET}&stage=CURRENT&vaultId={VAULT}",
-            established.secrets_endpoint
+            fx.emu.url(Endpoint::Secrets)
         ))
         .body(Bytes::new())
         .unwrap();
@@ -154,7 +153,7 @@ async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
         .method(Method::GET)
         .uri(format!(
             "{}/20190301/secretbundles/ocid1.vaultsecret.oc1..s?stage=CURRENT",
-            established.secrets_endpoint
+            fx.emu.url(Endpoint::Secrets)
         ))
         .body(Bytes::new())
         .unwrap();
@@ -1019,6 +1018,13 @@ async fn instance_principal_end_to_end_with_the_region_from_instance_metadata() 
         .await
         .unwrap();
     assert_eq!(established.identity(), Identity::Instance);
+    // The region instance metadata reported, resolved in its realm: where the mount's
+    // calls go unless its class names another.
+    let region = established.region.as_ref().unwrap();
+    assert_eq!(
+        (region.id(), region.domain()),
+        ("us-ashburn-1", Some("oraclecloud.com"))
+    );
     assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
     assert_eq!(get_by_id(&fx, &established).await.status(), 200);
     // Process-wide and cached.

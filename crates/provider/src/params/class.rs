@@ -72,7 +72,7 @@ pub(super) fn parse_region(
         Some(r)
             if r.len() <= 64
                 && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && auth::region::validate(r).is_ok() =>
+                && regions::validate(r).is_ok() =>
         {
             Ok(Some(r.to_ascii_lowercase()))
         }

@@ -2,6 +2,7 @@
 //! concurrently under the fan-out, failing over where the class says.
 
 use super::*;
+use crate::endpoints::RegionEndpoints;
 
 impl<A, V, C> OciMount<A, V, C>
 where
@@ -30,7 +31,7 @@ where
             .map(|spec| {
                 let call = crate::certificates::request(
                     spec,
-                    &targets.certificates,
+                    &targets.primary.certificates,
                     &established.session,
                     request.deadline,
                 );
@@ -223,7 +224,7 @@ fn secret_requests(
     deadline: tokio::time::Instant,
 ) -> (
     vault::SecretRequest,
-    Option<(ResolvedRegion, vault::SecretRequest)>,
+    Option<(RegionEndpoints, vault::SecretRequest)>,
 ) {
     let request = |base_url: &str, source: &SecretSource, deadline| vault::SecretRequest {
         base_url: base_url.to_owned(),
@@ -244,12 +245,7 @@ fn secret_requests(
         .failover
         .as_ref()
         .zip(spec.failover.as_ref())
-        .map(|(target, source)| {
-            (
-                target.clone(),
-                request(&target.secrets_endpoint, source, deadline),
-            )
-        });
+        .map(|(target, source)| (target.clone(), request(&target.secrets, source, deadline)));
     let primary_deadline = match failover {
         Some(_) => {
             let now = tokio::time::Instant::now();
@@ -258,7 +254,7 @@ fn secret_requests(
         None => deadline,
     };
     (
-        request(&targets.primary, &spec.source, primary_deadline),
+        request(&targets.primary.secrets, &spec.source, primary_deadline),
         failover,
     )
 }
@@ -284,7 +280,7 @@ where
     async fn run(
         self,
         primary: vault::SecretRequest,
-        failover: Option<(ResolvedRegion, vault::SecretRequest)>,
+        failover: Option<(RegionEndpoints, vault::SecretRequest)>,
     ) -> Fetched {
         let _permit = self.permits.acquire_owned().await;
         let answer = match self.vault.fetch(&self.mount, primary).await {
@@ -294,7 +290,7 @@ where
                 };
                 tracing::warn!(
                     secret = %self.path,
-                    region = %target.region,
+                    region = %target.name(),
                     error = %chain(&err),
                     "the primary region failed; reading the failover region"
                 );
@@ -302,7 +298,7 @@ where
                 let answer = self.vault.fetch(&self.mount, again).await;
                 if answer.is_ok() {
                     self.stats.failover.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(secret = %self.path, region = %target.region, "served by the failover region");
+                    tracing::info!(secret = %self.path, region = %target.name(), "served by the failover region");
                 }
                 answer
             }

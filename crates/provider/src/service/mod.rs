@@ -25,8 +25,8 @@ mod targets;
 use failure::*;
 pub(crate) use failure::{chain, grpc_kind};
 use files::*;
-pub use targets::{RegionResolver, RegionStats, ResolvedRegion};
-use targets::{Targets, fails_over};
+pub use targets::RegionStats;
+use targets::{Targets, endpoint_error, fails_over};
 
 use crate::budget::{Budgeted, ByteBudget, MountBytes, Refused, Reservation};
 use crate::params::{
@@ -102,8 +102,9 @@ pub struct MountConfig {
     /// What each fetch reserves from the budget before it starts: the Secrets client's
     /// body limit (bodies are buffered whole).
     pub fetch_reserve_bytes: usize,
-    /// Resolves `region` / `failoverRegion`; `None`: those parameters are refused.
-    pub regions: Option<Arc<dyn RegionResolver>>,
+    /// Where calls go: the principal's region, or the `region` / `failoverRegion` a class
+    /// names, as URLs.
+    pub endpoints: Arc<crate::endpoints::Endpoints>,
     /// Counts which region served each entry.
     pub served: Arc<RegionStats>,
     /// The `notAfter` of the certificates mounted lately (the expiry gauge).
@@ -129,7 +130,7 @@ impl Default for MountConfig {
             max_files: crate::params::DEFAULT_MAX_FILES,
             budget: None,
             fetch_reserve_bytes: 256 * 1024,
-            regions: None,
+            endpoints: Arc::default(),
             served: Arc::new(RegionStats::default()),
             certificate_expiry: Arc::default(),
             tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
@@ -208,6 +209,23 @@ where
         }
     }
 
+    /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
+    fn check_allowed_type(&self, auth_type: crate::params::AuthType) -> Result<(), MountError> {
+        let allowed = &self.config.allowed_types;
+        if allowed.contains(&auth_type) {
+            return Ok(());
+        }
+        let allowed: Vec<&str> = allowed.iter().map(|t| t.as_str()).collect();
+        Err(MountError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "authType \"{auth_type}\" is not allowed on this node: the provider's \
+                 auth.allowed_types is [{}]; use one of those, or ask the cluster operator",
+                allowed.join(", ")
+            ),
+        ))
+    }
+
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
         let params = MountParameters::parse_within(
             &request.attributes,
@@ -218,49 +236,20 @@ where
             },
         )?;
         let auth_type = params.auth.auth_type();
-        if !self.config.allowed_types.contains(&auth_type) {
-            let allowed: Vec<&str> = self
-                .config
-                .allowed_types
-                .iter()
-                .map(|t| t.as_str())
-                .collect();
-            return Err(MountError::new(
-                ErrorKind::PermissionDenied,
-                format!(
-                    "authType \"{auth_type}\" is not allowed on this node: the provider's \
-                     auth.allowed_types is [{}]; use one of those, or ask the cluster operator",
-                    allowed.join(", ")
-                ),
-            ));
+        self.check_allowed_type(auth_type)?;
+        if auth_type == crate::params::AuthType::Workload {
+            // Workload identity's region is the configured one: a mount no endpoint could
+            // serve is refused before its token is exchanged.
+            let endpoints = &self.config.endpoints;
+            endpoints
+                .of(endpoints.configured_region())
+                .map_err(endpoint_error)?;
         }
-        let identity_request = auth::IdentityRequest {
-            kind: match &params.auth {
-                AuthSpec::User { secret_name } => auth::PrincipalKind::User {
-                    secret_name: secret_name.clone(),
-                },
-                AuthSpec::Instance => auth::PrincipalKind::Instance,
-                AuthSpec::Workload => auth::PrincipalKind::Workload,
-            },
-            namespace: request.pod.namespace.clone(),
-            pod_name: request.pod.name.clone(),
-            pod_uid: request.pod.uid.clone(),
-            service_account: request.pod.service_account.clone(),
-            service_account_tokens: request
-                .service_account_tokens
-                .iter()
-                .map(|(audience, token)| (audience.to_owned(), token.token.clone()))
-                .collect(),
-            deadline: request.deadline,
-            caller: match request.caller {
-                Caller::Driver => auth::Caller::Driver,
-                Caller::SyncController => auth::Caller::SyncController,
-            },
-        };
-        let principal = auth_type.as_str();
         let established = tracing::Instrument::instrument(
-            self.auth.clone().oneshot(identity_request),
-            tracing::info_span!("establish identity", principal),
+            self.auth
+                .clone()
+                .oneshot(identity_request(&params, &request)),
+            tracing::info_span!("establish identity", principal = auth_type.as_str()),
         )
         .await
         .map_err(auth_error)?;
@@ -302,6 +291,34 @@ where
         }
         drop(reservations);
         Ok(response)
+    }
+}
+
+/// What the identity service is asked for one mount: the class's principal and what the
+/// request says of the pod and its tokens.
+fn identity_request(params: &MountParameters, request: &MountRequest) -> auth::IdentityRequest {
+    auth::IdentityRequest {
+        kind: match &params.auth {
+            AuthSpec::User { secret_name } => auth::PrincipalKind::User {
+                secret_name: secret_name.clone(),
+            },
+            AuthSpec::Instance => auth::PrincipalKind::Instance,
+            AuthSpec::Workload => auth::PrincipalKind::Workload,
+        },
+        namespace: request.pod.namespace.clone(),
+        pod_name: request.pod.name.clone(),
+        pod_uid: request.pod.uid.clone(),
+        service_account: request.pod.service_account.clone(),
+        service_account_tokens: request
+            .service_account_tokens
+            .iter()
+            .map(|(audience, token)| (audience.to_owned(), token.token.clone()))
+            .collect(),
+        deadline: request.deadline,
+        caller: match request.caller {
+            Caller::Driver => auth::Caller::Driver,
+            Caller::SyncController => auth::Caller::SyncController,
+        },
     }
 }
 

@@ -2,6 +2,7 @@
 //! principal's) and the failover region, kept in one realm and in the operator's list.
 
 use super::*;
+use crate::endpoints::RegionEndpoints;
 
 impl<A, V, C> OciMount<A, V, C>
 where
@@ -11,34 +12,29 @@ where
     V::Future: Send + 'static,
     C: crate::certificates::CertificateService,
 {
-    /// The primary region's Secrets endpoint (`region`, else the principal's) and the
-    /// failover region's, which must be in the same realm.
+    /// The primary region's endpoints (`region`, else the principal's) and the failover
+    /// region's, which must be in the same realm.
     pub(super) fn targets(
         &self,
         params: &MountParameters,
         established: &auth::Established,
     ) -> Result<Targets, MountError> {
+        let endpoints = &self.config.endpoints;
         let resolve = |key: &str, region: &str| {
-            let resolver = self.config.regions.as_ref().ok_or_else(|| {
-                MountError::invalid_argument(format!(
-                    "parameter {key:?} {region:?} cannot be used: this provider resolves no regions"
-                ))
-            })?;
-            let resolved = resolver.resolve(region).map_err(|why| {
+            let resolved = endpoints.named(region).map_err(|why| {
                 MountError::invalid_argument(format!("parameter {key:?} {region:?}: {why}"))
             })?;
-            self.check_allowed(key, region, &resolved, resolver.as_ref())?;
+            self.check_allowed(key, region, &resolved)?;
             Ok::<_, MountError>(resolved)
         };
-        let principal_realm = established
-            .region
-            .as_ref()
-            .and_then(|r| r.domain().map(str::to_owned));
-        let (primary, certificates, realm) = match &params.region {
+        let principal = endpoints
+            .of(established.region.as_ref())
+            .map_err(endpoint_error)?;
+        let primary = match &params.region {
             Some(region) => {
                 let r = resolve("region", region)?;
                 // A tenant's region stays in the principal's realm, as a failover does.
-                if let (Some(own), Some(theirs)) = (&principal_realm, &r.realm)
+                if let (Some(own), Some(theirs)) = (principal.realm(), r.realm())
                     && own != theirs
                 {
                     return Err(MountError::invalid_argument(format!(
@@ -46,19 +42,15 @@ where
                          realm {own}: a SecretProviderClass reads within its principal's realm"
                     )));
                 }
-                (r.secrets_endpoint, r.certificates_endpoint, r.realm)
+                r
             }
-            None => (
-                established.secrets_endpoint.clone(),
-                established.certificates_endpoint.clone(),
-                principal_realm,
-            ),
+            None => principal,
         };
         let failover = match &params.failover_region {
             None => None,
             Some(region) => {
                 let target = resolve("failoverRegion", region)?;
-                if let (Some(primary), Some(failover)) = (&realm, &target.realm)
+                if let (Some(primary), Some(failover)) = (primary.realm(), target.realm())
                     && primary != failover
                 {
                     return Err(MountError::invalid_argument(format!(
@@ -69,11 +61,7 @@ where
                 Some(target)
             }
         };
-        Ok(Targets {
-            primary,
-            certificates,
-            failover,
-        })
+        Ok(Targets { primary, failover })
     }
 
     /// `[auth] allowed_regions`, when set, lists every region a class may name.
@@ -81,17 +69,15 @@ where
         &self,
         key: &str,
         region: &str,
-        resolved: &ResolvedRegion,
-        resolver: &dyn RegionResolver,
+        resolved: &RegionEndpoints,
     ) -> Result<(), MountError> {
         let allowed = &self.config.allowed_regions;
+        let regions = self.config.endpoints.regions();
+        let id = resolved.name();
         if allowed.is_empty()
-            || allowed.iter().any(|a| {
-                a == &resolved.region
-                    || resolver
-                        .resolve(a)
-                        .is_ok_and(|r| r.region == resolved.region)
-            })
+            || allowed
+                .iter()
+                .any(|a| a == id || regions.resolve_known(a).is_ok_and(|r| r.id() == id))
         {
             return Ok(());
         }
@@ -106,14 +92,18 @@ where
     }
 }
 
-/// Where a mount's Secrets calls go.
+/// A mount without an endpoint to call: the operator's configuration.
+pub(super) fn endpoint_error(err: crate::endpoints::EndpointError) -> MountError {
+    MountError::invalid_argument(err.to_string())
+}
+
+/// Where a mount's calls go.
 pub(super) struct Targets {
-    /// The primary region's Secrets base URL.
-    pub(super) primary: String,
-    /// The primary region's Certificates base URL (certificate entries do not fail over).
-    pub(super) certificates: String,
+    /// The primary region: every Secrets call first, and every Certificates call
+    /// (certificate entries do not fail over).
+    pub(super) primary: RegionEndpoints,
     /// The failover region, if the class names one.
-    pub(super) failover: Option<ResolvedRegion>,
+    pub(super) failover: Option<RegionEndpoints>,
 }
 
 /// Whether a failure of the primary region sends the entry to the failover region: a
@@ -125,26 +115,6 @@ pub(super) fn fails_over(err: &vault::VaultError) -> bool {
             | auth::ErrorKind::ResourceExhausted
             | auth::ErrorKind::DeadlineExceeded
     )
-}
-
-/// A region a SecretProviderClass names, resolved by the provider's configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResolvedRegion {
-    /// The region id.
-    pub region: String,
-    /// The realm's second-level domain, when known.
-    pub realm: Option<String>,
-    /// Its Secrets base URL.
-    pub secrets_endpoint: String,
-    /// Its Certificates base URL.
-    pub certificates_endpoint: String,
-}
-
-/// Resolves the `region` and `failoverRegion` of SecretProviderClasses: only regions the
-/// provider knows, never a host (the binary answers from `auth::Principals`).
-pub trait RegionResolver: Send + Sync + fmt::Debug {
-    /// The region, or why it cannot be used (no secret material in it).
-    fn resolve(&self, region: &str) -> Result<ResolvedRegion, String>;
 }
 
 /// Entries served by the primary and by the failover region, since start.

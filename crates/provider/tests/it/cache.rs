@@ -113,7 +113,6 @@ async fn stack(ttl: Duration) -> Stack {
     let ca = emu.files().ca.clone();
     let config = PrincipalsConfig {
         region: Some("us-ashburn-1".into()),
-        secrets_endpoint: Some(emu.url(Endpoint::Secrets)),
         federation_endpoint: Some(emu.url(Endpoint::Auth)),
         instance_metadata: emu.url(Endpoint::Imds),
         proxymux: Some(emu.url(Endpoint::Proxymux)),
@@ -148,7 +147,17 @@ async fn stack(ttl: Duration) -> Stack {
         shared,
     );
     let vault = CacheLayer::new(bundles.clone()).layer(vault);
-    let mount = OciMount::new(principals, vault, MountConfig::default());
+    let mount = OciMount::new(
+        principals,
+        vault,
+        MountConfig {
+            endpoints: Arc::new(crate::fakes::endpoints(
+                &emu.url(Endpoint::Secrets),
+                &emu.url(Endpoint::Certificates),
+            )),
+            ..MountConfig::default()
+        },
+    );
     Stack {
         emu,
         clock,

@@ -12,7 +12,7 @@ use oci_csi_provider::{MountConfig, OciMount};
 #[derive(Clone, Debug, Default)]
 pub struct Auth {
     pub calls: Arc<AtomicUsize>,
-    pub region: Option<auth::region::Region>,
+    pub region: Option<regions::Region>,
 }
 
 impl tower::Service<auth::IdentityRequest> for Auth {
@@ -38,8 +38,6 @@ impl tower::Service<auth::IdentityRequest> for Auth {
                     service_account: request.service_account.clone().unwrap_or_default(),
                     service_account_uid: None,
                 }),
-                secrets_endpoint: "https://secrets.example".into(),
-                certificates_endpoint: "https://certificates.example".into(),
             })
         })
     }
@@ -203,5 +201,27 @@ impl tower::Service<vault::SecretRequest> for Vault {
 }
 
 pub fn mount_service(vault: Vault) -> OciMount<Auth, Vault> {
-    OciMount::new(Auth::default(), vault, MountConfig::default())
+    OciMount::new(Auth::default(), vault, config())
+}
+
+/// The mount bounds of these tests, with every call going to `https://secrets.example`
+/// and `https://certificates.example` (the fake vault answers; nothing connects).
+pub fn config() -> MountConfig {
+    MountConfig {
+        endpoints: std::sync::Arc::new(endpoints(
+            "https://secrets.example",
+            "https://certificates.example",
+        )),
+        ..MountConfig::default()
+    }
+}
+
+/// Endpoints sending every region's calls to these URLs.
+pub fn endpoints(secrets: &str, certificates: &str) -> oci_csi_provider::Endpoints {
+    let overrides = oci_csi_provider::EndpointOverrides {
+        secrets: Some(secrets.into()),
+        certificates: Some(certificates.into()),
+        ..oci_csi_provider::EndpointOverrides::default()
+    };
+    oci_csi_provider::Endpoints::new(regions::Regions::default(), None, overrides).unwrap()
 }

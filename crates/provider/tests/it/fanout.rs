@@ -129,7 +129,7 @@ async fn fetches_run_concurrently_up_to_the_fan_out() {
         vault.clone(),
         MountConfig {
             fan_out: 3,
-            ..MountConfig::default()
+            ..crate::fakes::config()
         },
     );
     let secrets: String = (0..12).map(|i| format!("- name: s{i}\n")).collect();
@@ -259,7 +259,7 @@ async fn a_mount_larger_than_the_driver_accepts_is_resource_exhausted() {
         vault,
         MountConfig {
             max_total_bytes: 1024,
-            ..MountConfig::default()
+            ..crate::fakes::config()
         },
     );
     let err = mount(service, "- name: big\n- name: small\n")

@@ -9,12 +9,28 @@ use tower::ServiceExt;
 use crate::fakes::Vault;
 use crate::fanout::request;
 
+/// The mount service over `identity`, reading from `vault` at the mock endpoints.
+fn mount_service<I: oci_csi_provider::IdentityService>(
+    identity: I,
+    vault: Vault,
+) -> OciMount<I, Vault> {
+    let endpoints = crate::fakes::endpoints("https://secrets.mock", "https://certificates.mock");
+    OciMount::new(
+        identity,
+        vault,
+        MountConfig {
+            endpoints: std::sync::Arc::new(endpoints),
+            ..MountConfig::default()
+        },
+    )
+}
+
 #[tokio::test]
 async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_answers() {
     let (mock, mut handle) = tower_test::mock::pair::<auth::IdentityRequest, auth::Established>();
     let identity = mock.map_err(|_| auth::AuthError::Internal("the mock failed"));
     let vault = Vault::default();
-    let service = OciMount::new(identity, vault.clone(), MountConfig::default());
+    let service = mount_service(identity, vault.clone());
     let mount = tokio::spawn(service.oneshot(request("- name: a\n- name: b\n")));
 
     let (asked, answer) = handle.next_request().await.expect("one identity request");
@@ -35,8 +51,6 @@ async fn a_mount_asks_the_identity_service_once_and_fetches_as_the_identity_it_a
     answer.send_response(auth::Established {
         region: None,
         session: auth::Session::for_tests(credential.clone()),
-        secrets_endpoint: "https://secrets.mock".into(),
-        certificates_endpoint: "https://certificates.mock".into(),
     });
 
     let response = mount.await.unwrap().unwrap();
@@ -56,7 +70,7 @@ async fn an_identity_failure_fails_the_mount_before_any_fetch() {
     let (mock, mut handle) = tower_test::mock::pair::<auth::IdentityRequest, auth::Established>();
     let identity = mock.map_err(|_| auth::AuthError::MissingRequestField("namespace"));
     let vault = Vault::default();
-    let service = OciMount::new(identity, vault.clone(), MountConfig::default());
+    let service = mount_service(identity, vault.clone());
     let mount = tokio::spawn(service.oneshot(request("- name: a\n")));
     let (_, answer) = handle.next_request().await.unwrap();
     answer.send_error(std::io::Error::other("refused"));

@@ -25,7 +25,7 @@ async fn the_size_limit_fails_the_mount_as_soon_as_it_is_passed_and_cancels_the_
         .with("a", big(2 << 20))
         .with("b", big(2 << 20))
         .with("slow", Behaviour::Hang);
-    let service = OciMount::new(Auth::default(), vault.clone(), MountConfig::default());
+    let service = OciMount::new(Auth::default(), vault.clone(), crate::fakes::config());
     let err = service
         .oneshot(request("- name: a\n- name: b\n- name: slow\n"))
         .await
@@ -112,7 +112,7 @@ async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
     let budget = ByteBudget::new(8 << 20);
     let config = MountConfig {
         budget: Some(budget.clone()),
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service = OciMount::new(Auth::default(), vault, config);
     let mounts: Vec<_> = (0..300)
@@ -163,7 +163,7 @@ async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
     let config = MountConfig {
         budget: Some(budget.clone()),
         fetch_reserve_bytes: 256 * 1024,
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service = OciMount::new(Auth::default(), vault, config);
     let response = service.oneshot(request("- name: a\n")).await.unwrap();

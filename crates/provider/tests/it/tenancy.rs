@@ -121,7 +121,7 @@ async fn a_certificate_key_asking_for_scrypt_n_2_20_is_refused_before_deriving_t
     answer.private_key_passphrase = Some(vault::SecretContent::new(zeroize::Zeroizing::new(
         b"oci-made-passphrase".to_vec(),
     )));
-    let config = MountConfig::default();
+    let config = crate::fakes::config();
     let keys = config.tenant_keys.clone();
     let service = OciMount::new(Auth::default(), Vault::default(), config)
         .with_certificates(Certs::new(answer, None));
@@ -152,7 +152,7 @@ async fn certificate_fetches_reserve_from_the_byte_budget_and_stop_at_the_mount_
     let certs = Certs::new(bundle("ocid1.cabundle.oc1..ca", pem), Some(budget.clone()));
     let config = MountConfig {
         budget: Some(budget.clone()),
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service =
         OciMount::new(Auth::default(), Vault::default(), config).with_certificates(certs.clone());
@@ -187,7 +187,7 @@ async fn a_full_budget_refuses_certificate_fetches_as_it_refuses_secrets() {
     );
     let config = MountConfig {
         budget: Some(budget.clone()),
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service =
         OciMount::new(Auth::default(), Vault::default(), config).with_certificates(certs.clone());
@@ -217,7 +217,7 @@ async fn one_namespace_cannot_take_the_whole_byte_budget() {
     let vault = Vault::default().with("slow", Behaviour::Hang);
     let config = MountConfig {
         budget: Some(budget.clone()),
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service = OciMount::new(Auth::default(), vault, config);
     let stalled: Vec<_> = (0..6)
@@ -328,7 +328,7 @@ async fn key_extraction_checks_the_running_total_before_each_copy() {
     );
     let config = MountConfig {
         max_files: 1000,
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service = OciMount::new(Auth::default(), vault, config);
     let mut yaml = String::from("- name: doc\n  keys:\n");
@@ -351,7 +351,7 @@ async fn a_keys_entry_that_is_not_json_or_yaml_names_the_secret_and_the_keys() {
             version: 1,
         },
     );
-    let service = OciMount::new(Auth::default(), vault, MountConfig::default());
+    let service = OciMount::new(Auth::default(), vault, crate::fakes::config());
     let err = service
         .oneshot(request(
             "- name: doc\n  keys:\n  - key: user\n  - key: /db/password\n",
@@ -373,7 +373,7 @@ async fn an_auth_type_the_operator_switched_off_is_permission_denied_before_any_
     let vault = Vault::default();
     let config = MountConfig {
         allowed_types: vec![AuthType::Workload, AuthType::User],
-        ..MountConfig::default()
+        ..crate::fakes::config()
     };
     let service = OciMount::new(auth.clone(), vault.clone(), config);
     let mut mount = request("- name: a\n");
@@ -394,27 +394,6 @@ async fn an_auth_type_the_operator_switched_off_is_permission_denied_before_any_
     service.oneshot(request("- name: a\n")).await.unwrap();
 }
 
-/// Resolves the commercial and one government region.
-#[derive(Debug)]
-struct TwoRealms;
-
-impl oci_csi_provider::RegionResolver for TwoRealms {
-    fn resolve(&self, region: &str) -> Result<oci_csi_provider::ResolvedRegion, String> {
-        let (id, realm) = match region {
-            "iad" | "us-ashburn-1" => ("us-ashburn-1", "oraclecloud.com"),
-            "phx" | "us-phoenix-1" => ("us-phoenix-1", "oraclecloud.com"),
-            "us-langley-1" => ("us-langley-1", "oraclegovcloud.com"),
-            _ => return Err("not a region this provider knows".into()),
-        };
-        Ok(oci_csi_provider::ResolvedRegion {
-            region: id.into(),
-            realm: Some(realm.into()),
-            secrets_endpoint: format!("https://secrets.{id}"),
-            certificates_endpoint: format!("https://certificates.{id}"),
-        })
-    }
-}
-
 #[tokio::test]
 async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_list() {
     let with_region = |region: &str| {
@@ -425,16 +404,15 @@ async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_lis
     let mount_service = |allowed_regions: Vec<String>| {
         // The principal was established in us-ashburn-1 (realm oc1).
         let in_ashburn = Auth {
-            region: Some(auth::region::Regions::default().resolve("iad").unwrap()),
+            region: Some(regions::Regions::default().resolve("iad").unwrap()),
             ..Auth::default()
         };
         OciMount::new(
             in_ashburn,
             Vault::default(),
             MountConfig {
-                regions: Some(Arc::new(TwoRealms)),
                 allowed_regions,
-                ..MountConfig::default()
+                ..crate::fakes::config()
             },
         )
     };

@@ -1,6 +1,7 @@
-//! OCI regions and realms (spec 2.1, appendix A): from a short code (`iad`), a full region
-//! id (`us-ashburn-1`), region metadata (`OCI_REGION_METADATA`, `regions-config.json`) or a
-//! full domain (`region.example.com`) to the Secrets and federation endpoints.
+#![doc = include_str!("../README.md")]
+//!
+//! The table is the SDK's (spec 2.1, appendix A); endpoints are built from a [`Region`]'s
+//! id and domain by the code that calls each service.
 
 use std::fmt;
 use std::path::Path;
@@ -207,33 +208,6 @@ impl Region {
     pub fn domain(&self) -> Option<&str> {
         self.domain.as_deref()
     }
-
-    /// `https://secrets.vaults.<region>.oci.<domain>` (spec 2.1); for a dotted region
-    /// `https://secrets.<region>`.
-    pub fn secrets_endpoint(&self) -> String {
-        match &self.domain {
-            Some(domain) => format!("https://secrets.vaults.{}.oci.{domain}", self.id),
-            None => format!("https://secrets.{}", self.id),
-        }
-    }
-
-    /// `https://certificates.<region>.oci.<domain>` (the OCI SDK's Certificates endpoint
-    /// template; `docs/oci-certificates.md`); for a dotted region `https://certificates.<region>`.
-    pub fn certificates_endpoint(&self) -> String {
-        match &self.domain {
-            Some(domain) => format!("https://certificates.{}.oci.{domain}", self.id),
-            None => format!("https://certificates.{}", self.id),
-        }
-    }
-
-    /// `https://auth.<region>.<domain>` (spec 4.3); for a dotted region
-    /// `https://auth.<region>`.
-    pub fn federation_endpoint(&self) -> String {
-        match &self.domain {
-            Some(domain) => format!("https://auth.{}.{domain}", self.id),
-            None => format!("https://auth.{}", self.id),
-        }
-    }
 }
 
 impl fmt::Display for Region {
@@ -246,13 +220,12 @@ impl fmt::Display for Region {
 /// the region metadata given explicitly (never read from the home directory implicitly).
 ///
 /// ```
-/// use oci_csi_auth::region::Regions;
+/// use oci_csi_regions::Regions;
 ///
 /// let regions = Regions::default();
-/// let region = regions.resolve("IAD")?;
-/// assert_eq!(region.secrets_endpoint(), "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com");
-/// assert_eq!(region.federation_endpoint(), "https://auth.us-ashburn-1.oraclecloud.com");
-/// # Ok::<(), oci_csi_auth::region::RegionError>(())
+/// let region = regions.resolve("region.example.com")?;
+/// assert_eq!((region.id(), region.domain()), ("region.example.com", None));
+/// # Ok::<(), oci_csi_regions::RegionError>(())
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Regions {

@@ -1,62 +1,27 @@
 //! Region and realm resolution (spec 2.1, appendix A).
 
-use oci_csi_auth::region::{RegionError, Regions};
+use oci_csi_regions::{RegionError, Regions};
 
 #[test]
-fn short_codes_full_ids_and_realms_resolve_to_endpoints() {
+fn short_codes_full_ids_and_realms_resolve_to_ids_and_domains() {
     let regions = Regions::default();
     let cases = [
-        // (input, secrets endpoint, federation endpoint)
-        (
-            "iad",
-            "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com",
-            "https://auth.us-ashburn-1.oraclecloud.com",
-        ),
-        (
-            "US-PHOENIX-1",
-            "https://secrets.vaults.us-phoenix-1.oci.oraclecloud.com",
-            "https://auth.us-phoenix-1.oraclecloud.com",
-        ),
-        (
-            "ric",
-            "https://secrets.vaults.us-gov-ashburn-1.oci.oraclegovcloud.com",
-            "https://auth.us-gov-ashburn-1.oraclegovcloud.com",
-        ),
-        (
-            "ltn",
-            "https://secrets.vaults.uk-gov-london-1.oci.oraclegovcloud.uk",
-            "https://auth.uk-gov-london-1.oraclegovcloud.uk",
-        ),
-        (
-            "eu-frankfurt-2",
-            "https://secrets.vaults.eu-frankfurt-2.oci.oraclecloud.eu",
-            "https://auth.eu-frankfurt-2.oraclecloud.eu",
-        ),
-        (
-            "us-somerset-1",
-            "https://secrets.vaults.us-somerset-1.oci.oraclecloud23.com",
-            "https://auth.us-somerset-1.oraclecloud23.com",
-        ),
-        (
-            "xsp",
-            "https://secrets.vaults.ap-singapore-2.oci.oraclecloud.com",
-            "https://auth.ap-singapore-2.oraclecloud.com",
-        ),
-        (
-            "mars-olympus-1",
-            "https://secrets.vaults.mars-olympus-1.oci.oraclecloud.com",
-            "https://auth.mars-olympus-1.oraclecloud.com",
-        ),
-        (
-            "region.example.com",
-            "https://secrets.region.example.com",
-            "https://auth.region.example.com",
-        ),
+        ("iad", "us-ashburn-1", Some("oraclecloud.com")),
+        ("US-PHOENIX-1", "us-phoenix-1", Some("oraclecloud.com")),
+        ("ric", "us-gov-ashburn-1", Some("oraclegovcloud.com")),
+        ("ltn", "uk-gov-london-1", Some("oraclegovcloud.uk")),
+        ("eu-frankfurt-2", "eu-frankfurt-2", Some("oraclecloud.eu")),
+        ("us-somerset-1", "us-somerset-1", Some("oraclecloud23.com")),
+        ("xsp", "ap-singapore-2", Some("oraclecloud.com")),
+        // Unknown, without a default realm: the commercial realm, as the SDK does.
+        ("mars-olympus-1", "mars-olympus-1", Some("oraclecloud.com")),
+        // Dotted: itself a domain.
+        ("region.example.com", "region.example.com", None),
     ];
-    for (input, secrets, federation) in cases {
+    for (input, id, domain) in cases {
         let region = regions.resolve(input).unwrap();
-        assert_eq!(region.secrets_endpoint(), secrets, "{input}");
-        assert_eq!(region.federation_endpoint(), federation, "{input}");
+        assert_eq!((region.id(), region.domain()), (id, domain), "{input}");
+        assert_eq!(region.to_string(), id);
     }
 }
 
@@ -82,19 +47,16 @@ fn region_metadata_config_file_and_default_realm_describe_unknown_regions() {
         Regions::new(Some(metadata), Some((path, file)), Some("default.example")).unwrap();
     let by_key = regions.resolve("xyz").unwrap();
     assert_eq!(by_key.id(), "xx-new-1");
+    assert_eq!(by_key.domain(), Some("example99.com"));
     assert_eq!(
-        by_key.secrets_endpoint(),
-        "https://secrets.vaults.xx-new-1.oci.example99.com"
-    );
-    assert_eq!(
-        regions.resolve("yy-file-1").unwrap().federation_endpoint(),
-        "https://auth.yy-file-1.example98.com"
+        regions.resolve("yy-file-1").unwrap().domain(),
+        Some("example98.com")
     );
     assert_eq!(regions.resolve("ABC").unwrap().id(), "yy-file-1");
     // Unknown to everything: the default realm is the domain.
     assert_eq!(
-        regions.resolve("zz-unknown-1").unwrap().secrets_endpoint(),
-        "https://secrets.vaults.zz-unknown-1.oci.default.example"
+        regions.resolve("zz-unknown-1").unwrap().domain(),
+        Some("default.example")
     );
     // The built-in table wins over metadata.
     assert_eq!(
