@@ -187,8 +187,8 @@ pub enum AuthError {
         namespace: String,
         /// Secret name.
         name: String,
-        /// What is wrong.
-        #[source]
+        /// What is wrong: a detail of this error, rendered in its message (so not its
+        /// `source()`).
         problem: UserSecretError,
     },
     /// The pod's service-account token is locally invalid (spec 3.3), so it was not sent.

@@ -1,3 +1,4 @@
+use crate::tls::TrustError;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
@@ -55,12 +56,15 @@ impl Transport {
     pub fn new(config: TransportConfig) -> Result<Self, TransportBuildError> {
         let oci = tls::oci_roots(config.ssl_cert_file.as_deref(), &config.oci_ca_files)
             .and_then(tls::client_config)
-            .map_err(|e| TransportBuildError(e.to_string()))?;
+            .map_err(TransportBuildError::OciTrust)?;
         let mut dedicated = HashMap::new();
         for (authority, file) in &config.dedicated_trust {
             let tls = tls::file_roots(file)
                 .and_then(tls::client_config)
-                .map_err(|e| TransportBuildError(format!("{authority}: {e}")))?;
+                .map_err(|source| TransportBuildError::DedicatedTrust {
+                    authority: authority.clone(),
+                    source,
+                })?;
             dedicated.insert(authority.clone(), tls);
         }
         let stats = Stats::default();
@@ -221,8 +225,22 @@ pub struct Untraced;
 
 /// Why the transport could not be built (a CA file or the platform roots).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up the HTTPS transport: {0}")]
-pub struct TransportBuildError(String);
+#[non_exhaustive]
+pub enum TransportBuildError {
+    /// The trust for OCI hosts (`SSL_CERT_FILE`, `endpoints.oci_ca_files` or the
+    /// platform's roots) cannot be set up.
+    #[error("cannot set up the HTTPS transport's trust for OCI hosts")]
+    OciTrust(#[source] TrustError),
+    /// The dedicated CA file of one authority cannot be used.
+    #[error("cannot set up the HTTPS transport's trust for {authority}")]
+    DedicatedTrust {
+        /// host:port.
+        authority: String,
+        /// Why.
+        #[source]
+        source: TrustError,
+    },
+}
 
 fn classify(authority: &str, error: hyper_util::client::legacy::Error) -> TransportError {
     let authority = authority.to_owned();

@@ -34,6 +34,7 @@ pub use config::{Proxy, TransportConfig};
 pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
 pub use stats::{ExchangeObserver, HostStats, Outcome};
+pub use tls::TrustError;
 
 /// The rustls crypto provider of every TLS client this crate builds: aws-lc-rs, or with the
 /// `fips` feature AWS-LC's FIPS module with only the algorithms FIPS approves

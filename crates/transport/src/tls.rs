@@ -7,19 +7,26 @@ use rustls_pki_types::pem::PemObject;
 
 /// Why trust could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum TrustError {
+#[non_exhaustive]
+pub enum TrustError {
+    /// A CA file cannot be read or is not PEM.
     #[error("cannot read CA file {path}")]
     Read {
+        /// The file.
         path: String,
+        /// Why.
         #[source]
         source: rustls_pki_types::pem::Error,
     },
+    /// A CA file holds no certificate rustls accepts.
     #[error("CA file {0} holds no usable certificate")]
     Empty(String),
+    /// Neither configured files nor the platform give any root.
     #[error(
         "no trusted root certificates for OCI hosts: the platform has none; set SSL_CERT_FILE or endpoints.oci_ca_files"
     )]
     NoRoots,
+    /// rustls refused the configuration.
     #[error("cannot build the TLS configuration")]
     Tls(#[from] rustls::Error),
 }

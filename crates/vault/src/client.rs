@@ -409,7 +409,7 @@ where
                 secret = %self.secret,
                 principal = %self.request.identity(),
                 attempt = attempts,
-                error = %error,
+                error = %crate::ErrorChain(&error),
                 delay_ms = delay.as_millis() as u64,
                 api = R::API,
                 "retrying OCI call"
@@ -1054,7 +1054,8 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Unauthenticated);
-        assert!(error.to_string().contains("NotAuthenticated"), "{error}");
+        let message = crate::ErrorChain(&error).to_string();
+        assert!(message.contains("NotAuthenticated"), "{message}");
         assert_eq!(*calls.lock().unwrap(), 1);
 
         let (client, calls) = failing_signer(|| auth::AuthError::MissingSession);
@@ -1063,9 +1064,10 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Internal);
+        let message = crate::ErrorChain(&error).to_string();
         assert!(
-            error.to_string().contains("carries no established session"),
-            "{error}"
+            message.contains("carries no established session"),
+            "{message}"
         );
         assert_eq!(*calls.lock().unwrap(), 1);
     }

@@ -82,11 +82,15 @@ impl fmt::Display for Rid<'_> {
     }
 }
 
-/// Renders an error and its sources, `a: b: c`, so a message that goes to the driver
-/// carries the root cause (a refused connection, an unknown API key).
-struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+/// Renders an error and its sources, `a: b: c`, so a message that goes to the driver or
+/// a log line carries the root cause (a refused connection, an unknown API key). Every
+/// `Display` of this workspace's errors prints its own level only — never its
+/// `source()` — so each cause appears once here without de-duplication (the
+/// `display_never_repeats_the_source` test holds the error types to it).
+#[derive(Debug)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'a));
 
-impl fmt::Display for Chain<'_> {
+impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)?;
         let mut source = self.0.source();
@@ -192,8 +196,8 @@ pub enum VaultError {
     Malformed {
         /// The secret and the principal.
         subject: Box<Subject>,
-        /// What is wrong.
-        #[source]
+        /// What is wrong: a detail of this error, rendered in its message (so not its
+        /// `source()`).
         reason: MalformedBundle,
         /// OCI's request id.
         opc_request_id: Option<String>,
@@ -201,7 +205,7 @@ pub enum VaultError {
     /// The signing layer failed: no credentials for the principal (a missing user Secret,
     /// a failed token exchange), or OCI refused them (a 401 the layer turned into an
     /// error). The kind follows auth's classification.
-    #[error("authentication failed for {secret} as {principal}: {}", Chain(.source), secret = .subject.secret, principal = .subject.principal)]
+    #[error("authentication failed for {secret} as {principal}", secret = .subject.secret, principal = .subject.principal)]
     Signing {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -210,7 +214,7 @@ pub enum VaultError {
         source: Box<AuthError>,
     },
     /// The exchange failed below HTTP: connect, TLS, broken connection, timeout.
-    #[error("the request to OCI for {secret} as {principal} failed: {} (sent {})", Chain(.source), Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("the request to OCI for {secret} as {principal} failed (sent {})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
     Transport {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -238,7 +242,7 @@ pub enum VaultError {
         reason: String,
     },
     /// The inner service failed with an error of no known type.
-    #[error("fetching {secret} as {principal} failed: {}", Chain(.source.as_ref()), secret = .subject.secret, principal = .subject.principal)]
+    #[error("fetching {secret} as {principal} failed", secret = .subject.secret, principal = .subject.principal)]
     Other {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -250,14 +254,14 @@ pub enum VaultError {
     /// passed the deadline. The kind is the last failure's (ResourceExhausted after 429,
     /// Unavailable after 5xx or connection errors), not DeadlineExceeded: it says why the
     /// fetch failed rather than that we stopped waiting.
-    #[error("{last}; gave up after {attempts} {}: {stopped}", attempt_word(*.attempts))]
+    #[error("{}; gave up after {attempts} {}: {stopped}", ErrorChain(.last.as_ref()), attempt_word(*.attempts))]
     Exhausted {
         /// Attempts made.
         attempts: u32,
         /// Why retrying stopped.
         stopped: Stopped,
-        /// The last attempt's failure.
-        #[source]
+        /// The last attempt's failure, with its causes: rendered first in the message (it
+        /// is what went wrong; the retries are the annotation), so not its `source()`.
         last: Box<VaultError>,
     },
     /// The failure of a fetch this one joined: the same secret, version and credential
@@ -271,14 +275,15 @@ pub enum VaultError {
     /// answer (other mounts took it meanwhile).
     #[error(
         "{secret}: the bytes for the next attempt could not be reserved after a retry backoff \
-         (server.max_in_flight_bytes is in use by other mounts); {last}",
+         (server.max_in_flight_bytes is in use by other mounts); {}",
+        ErrorChain(.last.as_ref()),
         secret = .subject.secret
     )]
     BudgetFull {
         /// The secret and the principal.
         subject: Box<Subject>,
-        /// The failure the backoff followed.
-        #[source]
+        /// The failure the backoff followed, rendered with its causes in the message (so
+        /// not its `source()`).
         last: Box<VaultError>,
     },
 }
@@ -597,6 +602,78 @@ mod tests {
         let long = format!(r#"{{"code":"X","message":"{}"}}"#, "é".repeat(2000));
         let oci = OciError::from_body(400, None, long.as_bytes());
         assert_eq!(oci.message.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+
+    /// Each level of an error says its own part once: no `Display` repeats its
+    /// `source()`, so `ErrorChain` prints every cause exactly once.
+    #[test]
+    fn display_never_repeats_the_source() {
+        let subject = || {
+            Box::new(Subject {
+                secret: "secret s".into(),
+                principal: Identity::Instance,
+                grant: Subject::SECRETS_GRANT,
+            })
+        };
+        let refused = || transport::TransportError::Connect {
+            authority: "h:443".into(),
+            source: Box::new(std::io::Error::other("root cause: refused")),
+        };
+        let transport = || VaultError::Transport {
+            subject: subject(),
+            source: refused(),
+            opc_request_id: Some("RID".into()),
+        };
+        let errors: Vec<Box<dyn std::error::Error>> = vec![
+            Box::new(transport()),
+            Box::new(VaultError::Signing {
+                subject: subject(),
+                source: Box::new(auth::AuthError::Transport {
+                    endpoint: auth::Endpoint::Proxymux,
+                    operation: "exchange".into(),
+                    source: refused(),
+                }),
+            }),
+            Box::new(VaultError::Other {
+                subject: subject(),
+                source: Box::new(refused()),
+            }),
+            Box::new(VaultError::Exhausted {
+                attempts: 3,
+                stopped: Stopped::MaxAttempts,
+                last: Box::new(transport()),
+            }),
+            Box::new(VaultError::BudgetFull {
+                subject: subject(),
+                last: Box::new(transport()),
+            }),
+            Box::new(VaultError::Shared(std::sync::Arc::new(transport()))),
+            Box::new(auth::AuthError::Transport {
+                endpoint: auth::Endpoint::InstanceMetadata,
+                operation: "region".into(),
+                source: refused(),
+            }),
+        ];
+        for error in &errors {
+            let mut level: Option<&dyn std::error::Error> = Some(error.as_ref());
+            while let Some(outer) = level {
+                if let Some(inner) = outer.source() {
+                    let (outer_text, inner_text) = (outer.to_string(), inner.to_string());
+                    assert!(
+                        !outer_text.contains(&inner_text),
+                        "{outer_text:?} repeats its source {inner_text:?}"
+                    );
+                }
+                level = outer.source();
+            }
+            let chain = ErrorChain(error.as_ref()).to_string();
+            assert_eq!(chain.matches("root cause: refused").count(), 1, "{chain}");
+            assert_eq!(
+                chain.matches("cannot connect to h:443").count(),
+                1,
+                "{chain}"
+            );
+        }
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub use backoff::{Backoff, with_backoff};
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};
-pub use error::{ErrorKind, OciError, Stopped, Subject, VaultError};
+pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{BundleKey, BundleType, Service};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::RetryPolicy;

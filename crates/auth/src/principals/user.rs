@@ -184,6 +184,9 @@ async fn cached_or_load(
     Ok(loaded)
 }
 
+/// Reads the user principal's Secret and loads its key: the Secret's members
+/// ([`UserConfig::parse`]), the key behind the failed-key cache and the key gate
+/// ([`load_key`]), then the signing key with its fingerprint check ([`signing_key`]).
 async fn load(
     inner: &Inner,
     namespace: &str,
@@ -198,45 +201,55 @@ async fn load(
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         })?;
-    let data = &secret.data;
     let malformed = |problem: UserSecretError| AuthError::UserSecret {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         problem,
     };
-    let config = data
-        .get("config")
-        .filter(|c| !c.is_empty())
-        .ok_or_else(|| malformed(UserSecretError::EmptyConfig))?;
-    let config = std::str::from_utf8(config)
-        .map_err(|_| malformed(UserSecretError::InvalidConfig("it is not utf-8".into())))?;
-    let config: Config = serde_saphyr::from_str(config).map_err(|e| {
-        // Position only: the text around it may be a passphrase.
-        let at = e
-            .to_string()
-            .lines()
-            .next()
-            .map(|l| l.chars().take(120).collect::<String>())
-            .unwrap_or_default();
-        malformed(UserSecretError::InvalidConfig(redact_yaml_error(&at)))
-    })?;
-    let auth = config.auth.ok_or_else(|| {
-        malformed(UserSecretError::InvalidConfig(
-            "there is no auth mapping".into(),
-        ))
-    })?;
-    let get = |key: &str| {
-        auth.get(key)
-            .map(|v| v.0.as_str())
-            .filter(|v| !v.is_empty())
-    };
-    // Checked before the members, as in the Go provider (spec 5.1 step 4).
-    let private_key = data
-        .get("private-key")
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| malformed(UserSecretError::EmptyPrivateKey))?;
-    let mut missing = Vec::new();
-    for (key, message) in [
+    let config = UserConfig::parse(&secret.data).map_err(malformed)?;
+    // The Secret is the tenant's: only a region the provider knows (never a host).
+    let region = inner
+        .regions
+        .resolve_known(&config.region)
+        .map_err(|e| malformed(UserSecretError::Region(e)))?;
+    let version = secret.resource_version.clone();
+    let key = load_key(
+        inner,
+        (namespace, name),
+        version.as_deref(),
+        &config,
+        deadline,
+    )
+    .await?
+    .map_err(|e| malformed(UserSecretError::Key(e)))?;
+    let actual = key.fingerprint();
+    Ok(UserKey {
+        key: signing_key(key, &config, (namespace, name)),
+        region,
+        credential: Credential::User {
+            namespace: namespace.to_owned(),
+            secret_name: name.to_owned(),
+            resource_version: version.unwrap_or_default(),
+            key_fingerprint: actual,
+            user: config.user,
+            tenancy: config.tenancy,
+        },
+    })
+}
+
+/// What a user principal's Secret holds, checked (spec 5.1): `config` is YAML with an
+/// `auth` mapping of the four required members, and `private-key` is not empty.
+struct UserConfig {
+    tenancy: String,
+    region: String,
+    fingerprint: String,
+    user: String,
+    passphrase: Option<Zeroizing<Vec<u8>>>,
+    pem: Zeroizing<Vec<u8>>,
+}
+
+impl UserConfig {
+    const REQUIRED: [(&'static str, &'static str); 4] = [
         (
             "tenancy",
             "Auth.Tenancy: Required value: Tenancy is required for user principal",
@@ -253,84 +266,135 @@ async fn load(
             "user",
             "Auth.UserID: Required value: UserID is required for user principal",
         ),
-    ] {
-        if get(key).is_none() {
-            missing.push(message);
-        }
+    ];
+
+    fn parse(data: &BTreeMap<String, Zeroizing<Vec<u8>>>) -> Result<Self, UserSecretError> {
+        let config = data
+            .get("config")
+            .filter(|c| !c.is_empty())
+            .ok_or(UserSecretError::EmptyConfig)?;
+        let config = std::str::from_utf8(config)
+            .map_err(|_| UserSecretError::InvalidConfig("it is not utf-8".into()))?;
+        let config: Config = serde_saphyr::from_str(config).map_err(|e| {
+            // Position only: the text around it may be a passphrase.
+            let at = e
+                .to_string()
+                .lines()
+                .next()
+                .map(|l| l.chars().take(120).collect::<String>())
+                .unwrap_or_default();
+            UserSecretError::InvalidConfig(redact_yaml_error(&at))
+        })?;
+        let auth = config
+            .auth
+            .ok_or_else(|| UserSecretError::InvalidConfig("there is no auth mapping".into()))?;
+        let get = |key: &str| {
+            auth.get(key)
+                .map(|v| v.0.as_str())
+                .filter(|v| !v.is_empty())
+        };
+        // Checked before the members, as in the Go provider (spec 5.1 step 4).
+        let pem = data
+            .get("private-key")
+            .filter(|k| !k.is_empty())
+            .ok_or(UserSecretError::EmptyPrivateKey)?;
+        let missing: Vec<&'static str> = Self::REQUIRED
+            .iter()
+            .filter(|(key, _)| get(key).is_none())
+            .map(|(_, message)| *message)
+            .collect();
+        let (Some(tenancy), Some(region), Some(fingerprint), Some(user)) = (
+            get("tenancy"),
+            get("region"),
+            get("fingerprint"),
+            get("user"),
+        ) else {
+            return Err(UserSecretError::Missing(missing));
+        };
+        Ok(Self {
+            tenancy: tenancy.to_owned(),
+            region: region.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            user: user.to_owned(),
+            passphrase: get("passphrase").map(|p| Zeroizing::new(p.as_bytes().to_vec())),
+            pem: Zeroizing::new(pem.to_vec()),
+        })
     }
-    let (Some(tenancy), Some(region), Some(fingerprint), Some(user)) = (
-        get("tenancy"),
-        get("region"),
-        get("fingerprint"),
-        get("user"),
-    ) else {
-        return Err(malformed(UserSecretError::Missing(missing)));
-    };
-    // The Secret is the tenant's: only a region the provider knows (never a host).
-    let region = inner
-        .regions
-        .resolve_known(region)
-        .map_err(|e| malformed(UserSecretError::Region(e)))?;
-    let passphrase = get("passphrase").map(|p| Zeroizing::new(p.as_bytes().to_vec()));
-    let pem = Zeroizing::new(private_key.to_vec());
-    // The same broken Secret version is not decrypted again within the TTL.
+}
+
+/// Decrypts the Secret's key through the node's key gate, unless this Secret version
+/// already failed within the TTL (the same broken version is not decrypted again). The
+/// outer error is the gate's (busy, deadline); the inner one the key's.
+async fn load_key(
+    inner: &Inner,
+    (namespace, name): (&str, &str),
+    version: Option<&str>,
+    config: &UserConfig,
+    deadline: tokio::time::Instant,
+) -> Result<Result<PrivateKey, Arc<crate::KeyError>>, AuthError> {
     let cache_key = (namespace.to_owned(), name.to_owned());
     let ttl = inner.config.user_secret_ttl;
-    if let Some(version) = &secret.resource_version
+    if let Some(version) = version
         && let Some(error) = inner.failed_keys.get(&cache_key, version, inner.now(), ttl)
     {
-        return Err(malformed(UserSecretError::Key(error)));
+        return Ok(Err(error));
     }
+    let pem = config.pem.clone();
+    let passphrase = config.passphrase.clone();
     let loaded = inner
         .key_gate
         .run(namespace, deadline, move || {
             PrivateKey::from_pem(&pem, passphrase.as_ref().map(|p| p.as_slice()))
         })
         .await?;
-    let key = match loaded {
+    Ok(match loaded {
         Ok(key) => {
             inner.failed_keys.remove(&cache_key);
-            key
+            Ok(key)
         }
         Err(error) => {
             let error = Arc::new(error);
-            if let Some(version) = secret.resource_version.clone() {
-                inner
-                    .failed_keys
-                    .insert(cache_key, version, inner.now(), ttl, error.clone());
+            if let Some(version) = version {
+                inner.failed_keys.insert(
+                    cache_key,
+                    version.to_owned(),
+                    inner.now(),
+                    ttl,
+                    error.clone(),
+                );
             }
-            return Err(malformed(UserSecretError::Key(error)));
+            Err(error)
         }
-    };
+    })
+}
+
+/// The signing key, with the Secret's key id. A configured fingerprint that differs from
+/// the key's is used as given (as the Go provider does), with a warning and a hint for
+/// the 401 that will likely follow.
+fn signing_key(
+    key: PrivateKey,
+    config: &UserConfig,
+    (namespace, name): (&str, &str),
+) -> SigningKey {
     let actual = key.fingerprint();
-    let mut signing = SigningKey::new(
+    let (tenancy, user, fingerprint) = (&config.tenancy, &config.user, &config.fingerprint);
+    let signing = SigningKey::new(
         KeyId::new(format!("{tenancy}/{user}/{fingerprint}")),
         Arc::new(key),
     );
-    if !actual.eq_ignore_ascii_case(fingerprint) {
-        tracing::warn!(
-            namespace,
-            secret = name,
-            configured = fingerprint,
-            key = %actual,
-            "the configured fingerprint does not match the private key; using it as given"
-        );
-        signing = signing.with_rejection_hint(format!(
-            "the configured fingerprint {fingerprint} differs from the private key's fingerprint {actual}"
-        ));
+    if actual.eq_ignore_ascii_case(fingerprint) {
+        return signing;
     }
-    Ok(UserKey {
-        key: signing,
-        region,
-        credential: Credential::User {
-            namespace: namespace.to_owned(),
-            secret_name: name.to_owned(),
-            resource_version: secret.resource_version.clone().unwrap_or_default(),
-            key_fingerprint: actual,
-            user: user.to_owned(),
-            tenancy: tenancy.to_owned(),
-        },
-    })
+    tracing::warn!(
+        namespace,
+        secret = name,
+        configured = %fingerprint,
+        key = %actual,
+        "the configured fingerprint does not match the private key; using it as given"
+    );
+    signing.with_rejection_hint(format!(
+        "the configured fingerprint {fingerprint} differs from the private key's fingerprint {actual}"
+    ))
 }
 
 /// serde-saphyr's messages quote the offending scalar; keep only the position.

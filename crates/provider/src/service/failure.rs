@@ -127,19 +127,9 @@ pub(super) fn rank(kind: ErrorKind) -> usize {
         .unwrap_or(PRECEDENCE.len())
 }
 
-/// An error and its causes on one line.
+/// An error and its causes on one line (each `Display` prints its own level only).
 pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
+    vault::ErrorChain(err).to_string()
 }
 
 /// The longest failure message: it ends up in a pod event, and the driver logs it whole.

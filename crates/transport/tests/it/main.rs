@@ -408,7 +408,10 @@ async fn a_ca_file_without_certificates_is_refused_at_build() {
         ..TransportConfig::default()
     })
     .unwrap_err();
-    assert!(err.to_string().contains("no usable certificate"), "{err}");
+    let cause = std::error::Error::source(&err)
+        .expect("the file's error")
+        .to_string();
+    assert!(cause.contains("no usable certificate"), "{err}: {cause}");
 }
 
 /// Records what the transport reports of each exchange.
@@ -454,4 +457,36 @@ async fn the_observer_sees_every_exchange_with_its_status_or_error_kind() {
             (dead.to_string(), Outcome::Failed(ErrorKind::Connect)),
         ]
     );
+}
+
+/// A CA file that cannot be used stops the build with an error naming whose trust it was
+/// and, as its source, the file: each level says its part once.
+#[tokio::test]
+async fn unusable_ca_files_are_build_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let oci = Transport::new(TransportConfig {
+        oci_ca_files: vec![dir.path().join("missing.pem")],
+        ..TransportConfig::default()
+    })
+    .unwrap_err();
+    assert!(
+        matches!(oci, oci_csi_transport::TransportBuildError::OciTrust(_)),
+        "{oci:?}"
+    );
+    let cause = std::error::Error::source(&oci)
+        .expect("the file's error")
+        .to_string();
+    assert!(cause.contains("missing.pem"), "{cause}");
+    assert!(!oci.to_string().contains(&cause), "{oci}");
+
+    let dedicated = Transport::new(TransportConfig {
+        dedicated_trust: vec![("kube:6443".into(), empty.clone())],
+        ..TransportConfig::default()
+    })
+    .unwrap_err();
+    assert!(dedicated.to_string().contains("kube:6443"), "{dedicated}");
+    let cause = std::error::Error::source(&dedicated).unwrap().to_string();
+    assert!(cause.contains("empty.pem"), "{cause}");
 }

@@ -357,7 +357,7 @@ async fn not_found_names_secret_vault_principal_request_id_and_the_iam_hint() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::NotFound);
     assert!(!error.is_retryable());
-    let message = error.to_string();
+    let message = oci_csi_vault::ErrorChain(&error).to_string();
     let rid = error.opc_request_id().unwrap().to_owned();
     for needle in [
         "\"no-such-secret\"",
@@ -378,14 +378,24 @@ async fn not_found_names_secret_vault_principal_request_id_and_the_iam_hint() {
     // A secret the user may not read looks the same, by OCID.
     let error = f.fetch(by_id(FORBIDDEN), current()).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::NotFound);
-    assert!(error.to_string().contains(FORBIDDEN), "{error}");
+    assert!(
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains(FORBIDDEN),
+        "{error}"
+    );
     // So does a version that does not exist.
     let error = f
         .fetch(by_name(NAME), Selector::VersionNumber(99))
         .await
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::NotFound);
-    assert!(error.to_string().contains("version 99"), "{error}");
+    assert!(
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("version 99"),
+        "{error}"
+    );
     assert_eq!(f.calls(), 3);
 }
 
@@ -403,7 +413,7 @@ async fn bad_request_is_invalid_argument_with_ocis_code_and_message() {
         .await
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::InvalidArgument);
-    let message = error.to_string();
+    let message = oci_csi_vault::ErrorChain(&error).to_string();
     assert!(
         message.contains("HTTP 400 InvalidParameter: invalid parameter vaultId"),
         "{message}"
@@ -422,7 +432,7 @@ async fn unknown_key_is_unauthenticated_with_ocis_message() {
     request.session = f.unknown_key.clone();
     let error = f.client.clone().oneshot(request).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
-    let message = error.to_string();
+    let message = oci_csi_vault::ErrorChain(&error).to_string();
     // The code is in the message whether the 401 reaches us as a response or as the
     // signing layer's refusal.
     assert!(message.contains("NotAuthenticated"), "{message}");
@@ -439,7 +449,12 @@ async fn forbidden_is_permission_denied() {
     f.emu.script(Endpoint::Secrets, [Fault::Status(403)]);
     let error = f.fetch(by_name(NAME), current()).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::PermissionDenied);
-    assert!(error.to_string().contains("NotAuthorized"), "{error}");
+    assert!(
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("NotAuthorized"),
+        "{error}"
+    );
     assert_eq!(f.calls(), 1);
 }
 
@@ -453,7 +468,7 @@ async fn a_session_that_cannot_sign_fails_without_a_request() {
         SigningKey::new(KeyId::new("bad\nkey id"), f.session.key().key().clone()),
     );
     let error = f.client.clone().oneshot(request).await.unwrap_err();
-    let message = error.to_string();
+    let message = oci_csi_vault::ErrorChain(&error).to_string();
     assert!(
         message.contains("secret \"db-password\"")
             && message.contains("is not a valid header value"),
@@ -469,7 +484,12 @@ async fn non_json_error_bodies_are_bad_error_responses() {
     let error = f.fetch(by_name(NAME), current()).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::InvalidArgument);
     assert_eq!(error.oci_error().unwrap().code, "BadErrorResponse");
-    assert!(!error.to_string().contains("<html>"), "{error}");
+    assert!(
+        !oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("<html>"),
+        "{error}"
+    );
 }
 
 // --- scripted faults -------------------------------------------------------------------
@@ -514,7 +534,12 @@ async fn persistent_503_gives_up_after_max_attempts_as_unavailable() {
         matches!(error, VaultError::Exhausted { attempts: 5, .. }),
         "{error:?}"
     );
-    assert!(error.to_string().contains("ServiceUnavailable"), "{error}");
+    assert!(
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("ServiceUnavailable"),
+        "{error}"
+    );
     assert_eq!(f.calls(), 5);
 }
 
@@ -577,7 +602,9 @@ async fn assert_stall_ends_at_the_deadline(fault: Fault) {
         "{fault:?}: {error}"
     );
     assert!(
-        error.to_string().contains("did not complete within"),
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("did not complete within"),
         "{error}"
     );
     // One attempt, never retried past the deadline.
@@ -619,7 +646,9 @@ async fn method_not_implemented_is_not_retried() {
     let error = f.fetch(by_name(NAME), current()).await.unwrap_err();
     assert!(!error.is_retryable());
     assert!(
-        error.to_string().contains("MethodNotImplemented"),
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("MethodNotImplemented"),
         "{error}"
     );
     assert_eq!(f.calls(), 1);
@@ -657,7 +686,7 @@ async fn malformed_bundles_get_specific_errors_without_secret_bytes() {
             VaultError::Malformed { reason, .. } => assert_eq!(reason, &expected),
             other => panic!("{fault:?}: {other:?}"),
         }
-        let message = error.to_string();
+        let message = oci_csi_vault::ErrorChain(&error).to_string();
         assert!(
             message.starts_with("malformed response from OCI"),
             "{message}"
@@ -690,7 +719,9 @@ async fn refused_connections_are_retried_then_unavailable() {
         "{error:?}"
     );
     assert!(
-        error.to_string().contains("cannot connect to 127.0.0.1"),
+        oci_csi_vault::ErrorChain(&error)
+            .to_string()
+            .contains("cannot connect to 127.0.0.1"),
         "{error}"
     );
 }
