@@ -136,57 +136,10 @@ impl Transport {
             Some(MaxBodyBytes(requested)) => (*requested).min(config.max_response_bytes),
             None => config.max_response_bytes,
         };
-        let exchange = async {
-            // Requests in flight per host are bounded like connections, so a storm waits
-            // here instead of queueing connects.
-            let _permit = self
-                .inner
-                .requests
-                .of(&authority)
-                .acquire_owned()
-                .await
-                .map_err(|e| TransportError::Http {
-                    authority: authority.clone(),
-                    source: Box::new(e),
-                })?;
-            let response = self
-                .inner
-                .client
-                .request(request.map(Full::new))
-                .await
-                .map_err(|e| classify(&authority, e))?;
-            let (parts, body) = response.into_parts();
-            let body = Limited::new(body, limit).collect().await.map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    TransportError::TooLarge {
-                        authority: authority.clone(),
-                        limit,
-                    }
-                } else {
-                    TransportError::Http {
-                        authority: authority.clone(),
-                        source: e,
-                    }
-                }
-            })?;
-            Ok(Response::from_parts(parts, body.to_bytes()))
-        };
+        let exchange = self.exchange(&authority, request, limit);
         // A client span per exchange (method, host, status; never headers), except for the
         // trace exporter's own requests, which would otherwise trace themselves.
-        let span = if request_untraced {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!(
-                "upstream request",
-                otel.kind = "client",
-                http.request.method = %method,
-                server.address = %authority,
-                http.response.status_code = tracing::field::Empty,
-                error.type = tracing::field::Empty,
-            )
-        };
+        let span = exchange_span(request_untraced, &method, &authority);
         let started = Instant::now();
         let timed = tracing::Instrument::instrument(
             tokio::time::timeout_at(deadline, exchange),
@@ -199,22 +152,98 @@ impl Transport {
                 after: budget,
             }),
         };
-        match &result {
-            Ok(response) => {
-                span.record("http.response.status_code", response.status().as_u16());
-            }
-            Err(err) => {
-                span.record("error.type", format!("{:?}", err.kind()).as_str());
-            }
-        }
-        if let Some(observer) = &config.observer {
-            let outcome = match &result {
-                Ok(response) => crate::Outcome::Status(response.status().as_u16()),
-                Err(err) => crate::Outcome::Failed(err.kind()),
-            };
-            observer.exchanged(&authority, outcome, started.elapsed());
-        }
+        report(
+            &span,
+            config.observer.as_deref(),
+            &authority,
+            &result,
+            started,
+        );
         result
+    }
+
+    /// One exchange, within a per-host request permit: send, then read the body up to
+    /// `limit` bytes.
+    async fn exchange(
+        &self,
+        authority: &str,
+        request: Request<Bytes>,
+        limit: usize,
+    ) -> Result<Response<Bytes>, TransportError> {
+        // Requests in flight per host are bounded like connections, so a storm waits
+        // here instead of queueing connects.
+        let _permit = self
+            .inner
+            .requests
+            .of(authority)
+            .acquire_owned()
+            .await
+            .map_err(|e| TransportError::Http {
+                authority: authority.to_owned(),
+                source: Box::new(e),
+            })?;
+        let response = self
+            .inner
+            .client
+            .request(request.map(Full::new))
+            .await
+            .map_err(|e| classify(authority, e))?;
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, limit).collect().await.map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                TransportError::TooLarge {
+                    authority: authority.to_owned(),
+                    limit,
+                }
+            } else {
+                TransportError::Http {
+                    authority: authority.to_owned(),
+                    source: e,
+                }
+            }
+        })?;
+        Ok(Response::from_parts(parts, body.to_bytes()))
+    }
+}
+
+/// A client span per exchange (method, host, status; never headers), except for the
+/// trace exporter's own requests, which would otherwise trace themselves.
+fn exchange_span(untraced: bool, method: &http::Method, authority: &str) -> tracing::Span {
+    if untraced {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        "upstream request",
+        otel.kind = "client",
+        http.request.method = %method,
+        server.address = %authority,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// An exchange's outcome, on its span and to the observer (the metrics).
+fn report(
+    span: &tracing::Span,
+    observer: Option<&dyn crate::ExchangeObserver>,
+    authority: &str,
+    result: &Result<Response<Bytes>, TransportError>,
+    started: Instant,
+) {
+    let outcome = match result {
+        Ok(response) => {
+            span.record("http.response.status_code", response.status().as_u16());
+            crate::Outcome::Status(response.status().as_u16())
+        }
+        Err(err) => {
+            span.record("error.type", format!("{:?}", err.kind()).as_str());
+            crate::Outcome::Failed(err.kind())
+        }
+    };
+    if let Some(observer) = observer {
+        observer.exchanged(authority, outcome, started.elapsed());
     }
 }
 

@@ -178,43 +178,15 @@ fn federation_endpoint(region: &Region) -> String {
 /// `POST /v1/x509` signed with the leaf key.
 async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Session, AuthError> {
     let region = region(inner, deadline).await?;
-    let cert_pem = metadata(inner, "identity/cert.pem", deadline).await?;
-    let key_pem = metadata(inner, "identity/key.pem", deadline).await?;
-    let intermediate_pem = metadata(inner, "identity/intermediate.pem", deadline).await?;
-    let leaf_key = tokio::task::spawn_blocking(move || PrivateKey::from_pem(&key_pem, None))
-        .await
-        .map_err(|_| AuthError::Internal("the key loading task failed"))?
-        .map_err(|_| {
-            AuthError::InstanceCertificate(
-                "the key from instance metadata is not an rsa private key",
-            )
-        })?;
-    let certs = crate::key::pem_ders(&cert_pem)
-        .map_err(|_| AuthError::InstanceCertificate("the certificate is not pem"))?;
-    let cert_b64 = pem_base64(&certs);
-    let der = certs
-        .first()
-        .ok_or(AuthError::InstanceCertificate("the certificate is not pem"))?;
-    let tenancy = subject_value(der, "opc-tenant:").unwrap_or_default();
-    let instance = subject_value(der, "opc-instance:").unwrap_or_default();
-    let fingerprint =
-        colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der).as_ref());
+    let leaf = Leaf::read(inner, deadline).await?;
     let session = session_key().await?;
     let mut body = serde_json::json!({
-        "certificate": cert_b64,
+        "certificate": leaf.certificate,
         "publicKey": session.public_key_base64(),
         "fingerprintAlgorithm": "SHA256",
     });
-    let intermediate = if intermediate_pem.iter().all(u8::is_ascii_whitespace) {
-        String::new()
-    } else {
-        let chain = crate::key::pem_ders(&intermediate_pem).map_err(|_| {
-            AuthError::InstanceCertificate("the intermediate certificate is not pem")
-        })?;
-        pem_base64(&chain)
-    };
-    if !intermediate.is_empty() {
-        body["intermediateCertificates"] = serde_json::json!([intermediate]);
+    if !leaf.intermediate.is_empty() {
+        body["intermediateCertificates"] = serde_json::json!([leaf.intermediate]);
     }
     let mut request = build(
         Request::builder()
@@ -223,14 +195,10 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
             .header(CONTENT_TYPE, "application/json"),
         body.to_string(),
     )?;
-    let leaf = SigningKey::new(
-        KeyId::new(format!("{tenancy}/fed-x509-sha256/{fingerprint}")),
-        Arc::new(leaf_key),
-    );
     sign_request(
         &mut request,
         &Identity::Instance,
-        &leaf,
+        &leaf.key,
         inner.now(),
         SignatureProfile::Federation,
     )?;
@@ -243,6 +211,80 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
         operation,
     )
     .await?;
+    let (token, exp) = federation_token(&response, operation)?;
+    tracing::info!("federated the instance principal for a session token");
+    Ok(Session {
+        key: SigningKey::new(KeyId::security_token(&token), session),
+        exp,
+        credential: Credential::Instance {
+            tenancy: leaf.tenancy,
+            instance: leaf.instance,
+        },
+        invalidated: Arc::new(AtomicBool::new(false)),
+    })
+}
+
+/// The instance's leaf certificate and key from instance metadata (spec 4.2 step 4):
+/// what federation sends and signs with.
+struct Leaf {
+    /// The federation signing key: the leaf key, as `{tenancy}/fed-x509-sha256/{fp}`.
+    key: SigningKey,
+    /// The leaf certificate's DER, Base64.
+    certificate: String,
+    /// The intermediate chain, Base64 (empty when instance metadata has none).
+    intermediate: String,
+    tenancy: String,
+    instance: String,
+}
+
+impl Leaf {
+    async fn read(inner: &Inner, deadline: tokio::time::Instant) -> Result<Self, AuthError> {
+        let cert_pem = metadata(inner, "identity/cert.pem", deadline).await?;
+        let key_pem = metadata(inner, "identity/key.pem", deadline).await?;
+        let intermediate_pem = metadata(inner, "identity/intermediate.pem", deadline).await?;
+        let leaf_key = tokio::task::spawn_blocking(move || PrivateKey::from_pem(&key_pem, None))
+            .await
+            .map_err(|_| AuthError::Internal("the key loading task failed"))?
+            .map_err(|_| {
+                AuthError::InstanceCertificate(
+                    "the key from instance metadata is not an rsa private key",
+                )
+            })?;
+        let certs = crate::key::pem_ders(&cert_pem)
+            .map_err(|_| AuthError::InstanceCertificate("the certificate is not pem"))?;
+        let der = certs
+            .first()
+            .ok_or(AuthError::InstanceCertificate("the certificate is not pem"))?;
+        let tenancy = subject_value(der, "opc-tenant:").unwrap_or_default();
+        let instance = subject_value(der, "opc-instance:").unwrap_or_default();
+        let fingerprint =
+            colon_hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der).as_ref());
+        let intermediate = if intermediate_pem.iter().all(u8::is_ascii_whitespace) {
+            String::new()
+        } else {
+            let chain = crate::key::pem_ders(&intermediate_pem).map_err(|_| {
+                AuthError::InstanceCertificate("the intermediate certificate is not pem")
+            })?;
+            pem_base64(&chain)
+        };
+        Ok(Self {
+            key: SigningKey::new(
+                KeyId::new(format!("{tenancy}/fed-x509-sha256/{fingerprint}")),
+                Arc::new(leaf_key),
+            ),
+            certificate: pem_base64(&certs),
+            intermediate,
+            tenancy,
+            instance,
+        })
+    }
+}
+
+/// The session token of a federation answer, and its expiry.
+fn federation_token(
+    response: &http::Response<bytes::Bytes>,
+    operation: &str,
+) -> Result<(String, std::time::SystemTime), AuthError> {
     if response.status() != StatusCode::OK {
         return Err(AuthError::Status {
             endpoint: Endpoint::Federation,
@@ -265,13 +307,7 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
         .ok_or_else(|| malformed("no token member"))?;
     let claims = jwt::claims(token).map_err(malformed)?;
     let exp = jwt::exp(&claims).map_err(malformed)?;
-    tracing::info!("federated the instance principal for a session token");
-    Ok(Session {
-        key: SigningKey::new(KeyId::security_token(token), session),
-        exp,
-        credential: Credential::Instance { tenancy, instance },
-        invalidated: Arc::new(AtomicBool::new(false)),
-    })
+    Ok((token.to_owned(), exp))
 }
 
 /// The Base64 of a chain's DER blocks, concatenated into one string as the SDK sends them

@@ -127,38 +127,7 @@ pub(super) async fn establish(
     let pod = request
         .pod_to_bind()
         .map(|(n, u)| (n.to_owned(), u.to_owned()));
-    // The mount's own token is checked first, whatever the cache holds: a mount whose
-    // token is invalid is refused even if its identity has a valid RPST.
-    let source = match (
-        request
-            .service_account_tokens
-            .get(&inner.config.workload_audience),
-        &pod,
-    ) {
-        (Some(token), _) => {
-            let info = check_token(
-                token,
-                namespace,
-                service_account,
-                request.pod(),
-                inner.now(),
-            )?;
-            Source::Supplied(token.clone(), info)
-        }
-        // A token the provider requests is bound to the pod it mounts for; a mount for no
-        // pod (the sync controller's) must bring its own.
-        (None, Some(pod)) if inner.config.token_request => Source::Request(pod.clone()),
-        (None, _) => {
-            return Err(AuthError::NoServiceAccountToken {
-                namespace: namespace.to_owned(),
-                service_account: service_account.to_owned(),
-                audience: inner.config.workload_audience.clone(),
-                caller: request.caller,
-                sent: request.service_account_tokens.keys().cloned().collect(),
-                token_requests: inner.config.token_request,
-            });
-        }
-    };
+    let source = token_source(inner, request, pod.as_ref())?;
     let key = (namespace.to_owned(), service_account.to_owned());
     let matches = |session: &Session| match &source {
         // A token of a recreated service account (another uid) is another identity.
@@ -216,6 +185,44 @@ pub(super) async fn establish(
             }),
         ),
     })
+}
+
+/// Which service-account token the exchange uses: the mount's own (checked first,
+/// whatever the cache holds), or one the provider requests bound to the pod.
+fn token_source(
+    inner: &Inner,
+    request: &IdentityRequest,
+    pod: Option<&(String, String)>,
+) -> Result<Source, AuthError> {
+    // The mount's own token is checked first, whatever the cache holds: a mount whose
+    // token is invalid is refused even if its identity has a valid RPST.
+    let (namespace, service_account) = (request.namespace()?, request.service_account()?);
+    let token = request
+        .service_account_tokens
+        .get(&inner.config.workload_audience);
+    match (token, pod) {
+        (Some(token), _) => {
+            let info = check_token(
+                token,
+                namespace,
+                service_account,
+                request.pod(),
+                inner.now(),
+            )?;
+            Ok(Source::Supplied(token.clone(), info))
+        }
+        // A token the provider requests is bound to the pod it mounts for; a mount for no
+        // pod (the sync controller's) must bring its own.
+        (None, Some(pod)) if inner.config.token_request => Ok(Source::Request(pod.clone())),
+        (None, _) => Err(AuthError::NoServiceAccountToken {
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+            audience: inner.config.workload_audience.clone(),
+            caller: request.caller,
+            sent: request.service_account_tokens.keys().cloned().collect(),
+            token_requests: inner.config.token_request,
+        }),
+    }
 }
 
 /// How an established workload session renews after OCI refuses its RPST.
