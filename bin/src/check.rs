@@ -234,6 +234,8 @@ fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> 
         .collect()
 }
 
+/// One object: what a Mount would make of it (the class's first error and the files it
+/// writes), plus the error of every entry on its own, so that all of them are reported.
 fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowed) -> Report {
     let metadata = &object["metadata"];
     let name = metadata["name"].as_str().unwrap_or("(no name)").to_owned();
@@ -262,22 +264,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
             object["spec"]["provider"].as_str().unwrap_or("")
         ));
     }
-    let mut attributes = std::collections::BTreeMap::new();
-    match object["spec"]["parameters"].as_object() {
-        Some(parameters) => {
-            for (key, value) in parameters {
-                match value.as_str() {
-                    Some(v) => {
-                        attributes.insert(key.clone(), v.to_owned());
-                    }
-                    None => r.errors.push(format!(
-                        "spec.parameters.{key} is not a string (Kubernetes refuses it)"
-                    )),
-                }
-            }
-        }
-        None => r.errors.push("spec.parameters is missing".to_owned()),
-    }
+    let attributes = string_parameters(&object["spec"]["parameters"], &mut r.errors);
     let pod = csi_grpc::Pod {
         namespace: Some(namespace),
         name: Some("check".to_owned()),
@@ -288,71 +275,119 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
     // entry's error is reported, not only the first.
     match MountParameters::parse_within(&attributes, &pod, allowed.limits) {
         Ok(params) => {
-            let auth_type = params.auth.auth_type();
-            if !allowed.types.contains(&auth_type) {
-                let types: Vec<&str> = allowed.types.iter().map(|t| t.as_str()).collect();
-                r.errors.push(format!(
-                    "authType \"{auth_type}\" is not allowed by the provider's auth.allowed_types [{}]",
-                    types.join(", ")
-                ));
-            }
-            for (key, region) in [
-                ("region", &params.region),
-                ("failoverRegion", &params.failover_region),
-            ] {
-                if let Some(region) = region
-                    && !allowed.regions.is_empty()
-                    && !allowed.regions.contains(region)
-                {
-                    r.errors.push(format!(
-                        "parameter {key:?} {region:?} is not among the provider's \
-                         auth.allowed_regions ({})",
-                        allowed.regions.join(", ")
-                    ));
-                }
-            }
-            // In the list's order, secrets and certificates alike.
-            let mut files: Vec<(usize, Vec<Value>)> = params
-                .secrets
-                .iter()
-                .map(|s| (s.index, describe(s)))
-                .chain(
-                    params
-                        .certificates
-                        .iter()
-                        .map(|c| (c.index, describe_certificate(c))),
-                )
-                .collect();
-            files.sort_by_key(|(index, _)| *index);
-            r.files = files.into_iter().flat_map(|(_, f)| f).collect();
+            r.errors.extend(provider_policy(&params, allowed));
+            r.files = files_in_order(&params);
         }
         Err(err) => r.errors.push(err.to_string()),
     }
-    if let Some(entries) = attributes
-        .get("secrets")
-        .and_then(|yaml| serde_saphyr::from_str::<Vec<Value>>(yaml).ok())
-        && entries.len() > 1
-    {
-        for (index, entry) in entries.iter().enumerate() {
-            let mut one = attributes.clone();
-            let Ok(yaml) = serde_json::to_string(&[entry]) else {
-                continue;
-            };
-            one.insert("secrets".to_owned(), yaml);
-            if let Err(err) = MountParameters::parse(&one, &pod) {
-                let message = err
-                    .to_string()
-                    .replace("secrets[0]", &format!("secrets[{index}]"));
-                if !r.errors.contains(&message) {
-                    r.errors.push(message);
-                }
-            }
+    for message in entry_errors(&attributes, &pod) {
+        if !r.errors.contains(&message) {
+            r.errors.push(message);
         }
     }
     if !r.errors.is_empty() {
         r.files.clear();
     }
     r
+}
+
+/// `spec.parameters` as the driver passes them: strings only (Kubernetes refuses others).
+fn string_parameters(
+    parameters: &Value,
+    errors: &mut Vec<String>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut attributes = std::collections::BTreeMap::new();
+    let Some(parameters) = parameters.as_object() else {
+        errors.push("spec.parameters is missing".to_owned());
+        return attributes;
+    };
+    for (key, value) in parameters {
+        match value.as_str() {
+            Some(v) => {
+                attributes.insert(key.clone(), v.to_owned());
+            }
+            None => errors.push(format!(
+                "spec.parameters.{key} is not a string (Kubernetes refuses it)"
+            )),
+        }
+    }
+    attributes
+}
+
+/// What the provider's own settings refuse: an auth type outside `auth.allowed_types`, a
+/// region outside `auth.allowed_regions`.
+fn provider_policy(params: &MountParameters, allowed: &Allowed) -> Vec<String> {
+    let mut errors = Vec::new();
+    let auth_type = params.auth.auth_type();
+    if !allowed.types.contains(&auth_type) {
+        let types: Vec<&str> = allowed.types.iter().map(|t| t.as_str()).collect();
+        errors.push(format!(
+            "authType \"{auth_type}\" is not allowed by the provider's auth.allowed_types [{}]",
+            types.join(", ")
+        ));
+    }
+    for (key, region) in [
+        ("region", &params.region),
+        ("failoverRegion", &params.failover_region),
+    ] {
+        if let Some(region) = region
+            && !allowed.regions.is_empty()
+            && !allowed.regions.contains(region)
+        {
+            errors.push(format!(
+                "parameter {key:?} {region:?} is not among the provider's \
+                 auth.allowed_regions ({})",
+                allowed.regions.join(", ")
+            ));
+        }
+    }
+    errors
+}
+
+/// The files a mount writes, in the list's order, secrets and certificates alike.
+fn files_in_order(params: &MountParameters) -> Vec<Value> {
+    let mut files: Vec<(usize, Vec<Value>)> = params
+        .secrets
+        .iter()
+        .map(|s| (s.index, describe(s)))
+        .chain(
+            params
+                .certificates
+                .iter()
+                .map(|c| (c.index, describe_certificate(c))),
+        )
+        .collect();
+    files.sort_by_key(|(index, _)| *index);
+    files.into_iter().flat_map(|(_, f)| f).collect()
+}
+
+/// Each entry of a list of several parsed alone, its error renumbered to its place.
+fn entry_errors(
+    attributes: &std::collections::BTreeMap<String, String>,
+    pod: &csi_grpc::Pod,
+) -> Vec<String> {
+    let Some(entries) = attributes
+        .get("secrets")
+        .and_then(|yaml| serde_saphyr::from_str::<Vec<Value>>(yaml).ok())
+        .filter(|entries| entries.len() > 1)
+    else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let mut one = attributes.clone();
+        let Ok(yaml) = serde_json::to_string(&[entry]) else {
+            continue;
+        };
+        one.insert("secrets".to_owned(), yaml);
+        if let Err(err) = MountParameters::parse(&one, pod) {
+            errors.push(
+                err.to_string()
+                    .replace("secrets[0]", &format!("secrets[{index}]")),
+            );
+        }
+    }
+    errors
 }
 
 /// The files of a certificate entry, as `check` prints them.

@@ -386,7 +386,29 @@ impl Config {
         Ok(config)
     }
 
+    /// The checks in the order they report: the server's own settings, the counts that
+    /// must be positive, how the budgets relate, the mount timeout and the region.
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
+        self.validate_counts()?;
+        self.validate_budgets()?;
+        if self.server.mount_timeout_seconds == 0 {
+            return Err(ConfigError(
+                "server.mount_timeout_seconds must be at least 1".into(),
+            ));
+        }
+        if let Some(region) = &self.region
+            && (region.is_empty() || region.contains(char::is_whitespace))
+        {
+            return Err(ConfigError(format!(
+                "region {region:?}: region can not be empty or have spaces"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The endpoint, the metrics backend and the debug server.
+    fn validate_server(&self) -> Result<(), ConfigError> {
         self.server
             .endpoint
             .parse::<csi_grpc::Endpoint>()
@@ -416,6 +438,11 @@ impl Config {
                 "server.max_in_flight_mounts must be at least 1".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Limits and sizes that are counts: none may be 0.
+    fn validate_counts(&self) -> Result<(), ConfigError> {
         for (key, value) in [
             (
                 "upstream.max_connections_per_host",
@@ -453,6 +480,12 @@ impl Config {
                 return Err(ConfigError(format!("{key} must be at least 1")));
             }
         }
+        Ok(())
+    }
+
+    /// The byte and mount budgets hold at least one fetch, and a namespace's share fits
+    /// in the node's.
+    fn validate_budgets(&self) -> Result<(), ConfigError> {
         if self.server.max_in_flight_bytes < self.upstream.max_bundle_bytes {
             return Err(ConfigError(format!(
                 "server.max_in_flight_bytes ({}) must hold at least one fetch of \
@@ -481,18 +514,6 @@ impl Config {
                 "cache.bundle_max_bytes ({}) must hold at least one bundle of \
                  upstream.max_bundle_bytes ({})",
                 self.cache.bundle_max_bytes, self.upstream.max_bundle_bytes
-            )));
-        }
-        if self.server.mount_timeout_seconds == 0 {
-            return Err(ConfigError(
-                "server.mount_timeout_seconds must be at least 1".into(),
-            ));
-        }
-        if let Some(region) = &self.region
-            && (region.is_empty() || region.contains(char::is_whitespace))
-        {
-            return Err(ConfigError(format!(
-                "region {region:?}: region can not be empty or have spaces"
             )));
         }
         Ok(())

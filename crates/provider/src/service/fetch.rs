@@ -35,68 +35,26 @@ where
                     &established.session,
                     request.deadline,
                 );
-                let client = self.certificates.clone();
-                let permits = permits.clone();
-                let mount = mount.clone();
-                let keys = self.config.tenant_keys.clone();
-                let namespace = namespace.clone();
-                let (deadline, file_mode) = (request.deadline, request.file_mode);
-                let expiry = self.config.certificate_expiry.clone();
-                let span = tracing::info_span!(
-                    "fetch certificate",
-                    entry = spec.index,
-                    certificate = %spec.id,
-                    private_key = spec.private_key,
-                    oci.request_id = tracing::field::Empty,
-                    error.kind = tracing::field::Empty,
-                );
-                let record = span.clone();
-                tracing::Instrument::instrument(
-                    async move {
-                        let _permit = permits.acquire_owned().await;
-                        let held = match client.fetch(&mount, call).await {
-                            Ok(held) => held,
-                            Err(refused) => {
-                                let error = refused_error(
-                                    refused,
-                                    |err| {
-                                        record.record("error.kind", vault_kind(err).as_str());
-                                        crate::certificates::fetch_error(spec, err)
-                                    },
-                                    &mount,
-                                );
-                                return (spec.index, Err(error));
-                            }
-                        };
-                        if let Some(id) = &held.value.opc_request_id {
-                            record.record("oci.request_id", id.as_str());
-                        }
-                        if held.over {
-                            return (spec.index, Err(over_limit(&mount, spec)));
-                        }
-                        let made = async {
-                            let key = crate::certificates::private_key(
-                                spec,
-                                &held.value,
-                                &keys,
-                                &namespace,
-                                deadline,
-                            )
-                            .await?;
-                            let (files, version) = crate::certificates::files(
-                                spec,
-                                &held.value,
-                                key.as_ref(),
-                                file_mode,
-                                &expiry,
-                                &namespace,
-                            )?;
-                            Ok((files, version, held.reservation))
-                        };
-                        (spec.index, made.await)
-                    },
-                    span,
-                )
+                let fetch = CertificateFetch {
+                    certificates: self.certificates.clone(),
+                    mount: mount.clone(),
+                    permits: permits.clone(),
+                    keys: self.config.tenant_keys.clone(),
+                    expiry: self.config.certificate_expiry.clone(),
+                    namespace: namespace.clone(),
+                    request,
+                    span: tracing::info_span!(
+                        "fetch certificate",
+                        entry = spec.index,
+                        certificate = %spec.id,
+                        private_key = spec.private_key,
+                        oci.request_id = tracing::field::Empty,
+                        error.kind = tracing::field::Empty,
+                    ),
+                };
+                let span = fetch.span.clone();
+                let run = async move { (spec.index, fetch.run(spec, call).await) };
+                tracing::Instrument::instrument(run, span)
             })
             .collect();
         let mut done = Vec::with_capacity(params.certificates.len());
@@ -151,44 +109,19 @@ where
                 tracing::Instrument::instrument(async move { (index, fetched.await) }, span)
             })
             .collect();
-        let mut bundles: Vec<Option<vault::SecretBundle>> =
-            (0..params.secrets.len()).map(|_| None).collect();
-        let mut reservations = Vec::new();
-        let mut failures: Vec<(usize, vault::VaultError)> = Vec::new();
-        let mut shared: Vec<(usize, cache::Lookup)> = Vec::new();
+        let mut collected = Collected::new(params.secrets.len());
         while let Some((index, fetched)) = pending.next().await {
-            match fetched {
-                Fetched::Bundle(bundle, lookup, reservation, over) => {
-                    if lookup.is_shared() {
-                        shared.push((index, lookup));
-                    }
-                    bundles[index] = Some(bundle);
-                    reservations.extend(reservation);
-                    if over {
-                        // Dropping `pending` cancels the fetches still running.
-                        return Err(too_large(params, &bundles, self.config.max_total_bytes));
-                    }
-                }
-                Fetched::MountOver => {
-                    return Err(too_large(params, &bundles, self.config.max_total_bytes));
-                }
-                Fetched::Refused(refusal) => {
-                    return Err(MountError::new(
-                        ErrorKind::ResourceExhausted,
-                        refusal.to_string(),
-                    ));
-                }
-                Fetched::Failed(err) => {
-                    let permanent = !err.is_retryable();
-                    failures.push((index, err));
-                    // A permanent failure fails the mount whatever the others give:
-                    // stop their retries now.
-                    if permanent {
-                        break;
-                    }
-                }
+            // Returning or breaking drops `pending`: the fetches still running are cancelled.
+            if collected.take(index, fetched, params, self.config.max_total_bytes)? {
+                break;
             }
         }
+        let Collected {
+            bundles,
+            reservations,
+            failures,
+            shared,
+        } = collected;
         let abandoned = pending.len();
         drop(pending);
         if !failures.is_empty() {
@@ -211,6 +144,60 @@ where
         tracing::Span::current().record("upstream_calls", upstream);
         log_shared(established.credential(), &bundles, shared);
         Ok((bundles, reservations))
+    }
+}
+
+/// The entries' answers as they arrive, in request order.
+struct Collected {
+    bundles: Vec<Option<vault::SecretBundle>>,
+    reservations: Vec<Reservation>,
+    failures: Vec<(usize, vault::VaultError)>,
+    shared: Vec<(usize, cache::Lookup)>,
+}
+
+impl Collected {
+    fn new(entries: usize) -> Self {
+        Self {
+            bundles: (0..entries).map(|_| None).collect(),
+            reservations: Vec::new(),
+            failures: Vec::new(),
+            shared: Vec::new(),
+        }
+    }
+
+    /// Takes entry `index`'s answer. `Err` fails the mount now (it is over its size, or
+    /// the budget refused it); `Ok(true)` stops the others (a permanent failure fails the
+    /// mount whatever they give, so their retries stop now).
+    fn take(
+        &mut self,
+        index: usize,
+        fetched: Fetched,
+        params: &MountParameters,
+        max_total_bytes: usize,
+    ) -> Result<bool, MountError> {
+        match fetched {
+            Fetched::Bundle(bundle, lookup, reservation, over) => {
+                if lookup.is_shared() {
+                    self.shared.push((index, lookup));
+                }
+                self.bundles[index] = Some(bundle);
+                self.reservations.extend(reservation);
+                if over {
+                    return Err(too_large(params, &self.bundles, max_total_bytes));
+                }
+                Ok(false)
+            }
+            Fetched::MountOver => Err(too_large(params, &self.bundles, max_total_bytes)),
+            Fetched::Refused(refusal) => Err(MountError::new(
+                ErrorKind::ResourceExhausted,
+                refusal.to_string(),
+            )),
+            Fetched::Failed(err) => {
+                let permanent = !err.is_retryable();
+                self.failures.push((index, err));
+                Ok(permanent)
+            }
+        }
     }
 }
 
@@ -257,6 +244,67 @@ fn secret_requests(
         request(&targets.primary.secrets, &spec.source, primary_deadline),
         failover,
     )
+}
+
+/// What one certificate entry gives a mount: its files, its object version and the bytes
+/// it holds in the budget.
+type CertificateFiles = (Vec<File>, ObjectVersion, Option<Reservation>);
+
+/// One certificate entry's fetch: a fan-out permit, the Certificates call through the byte
+/// budget, the private key through the gate of tenant keys, then its files; what happened
+/// goes into its span.
+struct CertificateFetch<'a, C> {
+    certificates: Budgeted<C>,
+    mount: Arc<MountBytes>,
+    permits: Arc<Semaphore>,
+    keys: auth::TenantKeys,
+    expiry: Arc<crate::certificates::CertificateExpiry>,
+    namespace: String,
+    request: &'a MountRequest,
+    span: tracing::Span,
+}
+
+impl<C: crate::certificates::CertificateService> CertificateFetch<'_, C> {
+    async fn run(
+        self,
+        spec: &crate::CertificateSpec,
+        call: vault::CertificateRequest,
+    ) -> Result<CertificateFiles, MountError> {
+        let _permit = self.permits.acquire_owned().await;
+        let held = match self.certificates.fetch(&self.mount, call).await {
+            Ok(held) => held,
+            Err(refused) => {
+                let failed = |err: &vault::VaultError| {
+                    self.span.record("error.kind", vault_kind(err).as_str());
+                    crate::certificates::fetch_error(spec, err)
+                };
+                return Err(refused_error(refused, failed, &self.mount));
+            }
+        };
+        if let Some(id) = &held.value.opc_request_id {
+            self.span.record("oci.request_id", id.as_str());
+        }
+        if held.over {
+            return Err(over_limit(&self.mount, spec));
+        }
+        let key = crate::certificates::private_key(
+            spec,
+            &held.value,
+            &self.keys,
+            &self.namespace,
+            self.request.deadline,
+        )
+        .await?;
+        let (files, version) = crate::certificates::files(
+            spec,
+            &held.value,
+            key.as_ref(),
+            self.request.file_mode,
+            &self.expiry,
+            &self.namespace,
+        )?;
+        Ok((files, version, held.reservation))
+    }
 }
 
 /// One secret entry's fetch: a fan-out permit, the primary region through the byte

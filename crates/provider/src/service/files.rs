@@ -2,51 +2,23 @@
 
 use super::*;
 
+/// The mount's files from its bundles, in request order: whole secrets and extracted
+/// keys, within the driver's response size (checked before decoding, and again with the
+/// extracted keys).
 pub(super) fn assemble(
     params: &MountParameters,
     bundles: Vec<vault::SecretBundle>,
     mode: csi_grpc::FileMode,
     max_total_bytes: usize,
 ) -> Result<MountResponse, MountError> {
-    let total: usize = bundles.iter().map(|b| b.content.len()).sum();
-    if total > max_total_bytes {
-        let mut sizes: Vec<String> = params
-            .secrets
-            .iter()
-            .zip(&bundles)
-            .map(|(spec, bundle)| format!("{} ({} bytes)", spec.path, bundle.content.len()))
-            .collect();
-        sizes.sort();
-        return Err(MountError::new(
-            ErrorKind::ResourceExhausted,
-            format!(
-                "the secrets of this mount take {total} bytes, more than the {max_total_bytes} bytes the driver accepts in one response: {}",
-                sizes.join(", ")
-            ),
-        ));
-    }
-    let mut ids: BTreeMap<String, usize> = BTreeMap::new();
-    for bundle in &bundles {
-        *ids.entry(bundle.secret_id.clone()).or_default() += 1;
-    }
-    let mut object_versions = Vec::with_capacity(bundles.len());
+    check_response_size(params, &bundles, max_total_bytes)?;
+    let object_versions = object_versions(params, &bundles);
     let mut files = Vec::with_capacity(bundles.len());
     // The bytes of the files so far: each extracted value is checked against the room
     // left before it is copied.
     let mut written = 0usize;
     for (spec, bundle) in params.secrets.iter().zip(bundles) {
         let index = spec.index;
-        // The driver keys versions by id; one OCID mounted twice (two versions, two
-        // files) would collapse, so such ids carry the file path.
-        let id = if ids.get(&bundle.secret_id).copied().unwrap_or(0) > 1 {
-            format!("{}/{}", bundle.secret_id, spec.path)
-        } else {
-            bundle.secret_id.clone()
-        };
-        object_versions.push(ObjectVersion {
-            id,
-            version: bundle.version_number.to_string(),
-        });
         // The bytes move from the bundle's zeroizing buffer into the file's; no copy (a
         // decoded encoding is written to a new buffer, the encoded one wiped).
         let mut content = decode(index, spec, bundle.content.into_inner())?;
@@ -63,8 +35,6 @@ pub(super) fn assemble(
         }
         if spec.whole {
             written += content.len();
-        }
-        if spec.whole {
             files.push(File {
                 path: spec.path.clone(),
                 mode: entry_mode,
@@ -86,6 +56,57 @@ pub(super) fn assemble(
         files,
         object_versions,
     })
+}
+
+/// The bundles together fit in one response to the driver; the error lists each size.
+fn check_response_size(
+    params: &MountParameters,
+    bundles: &[vault::SecretBundle],
+    max_total_bytes: usize,
+) -> Result<(), MountError> {
+    let total: usize = bundles.iter().map(|b| b.content.len()).sum();
+    if total <= max_total_bytes {
+        return Ok(());
+    }
+    let mut sizes: Vec<String> = params
+        .secrets
+        .iter()
+        .zip(bundles)
+        .map(|(spec, bundle)| format!("{} ({} bytes)", spec.path, bundle.content.len()))
+        .collect();
+    sizes.sort();
+    Err(MountError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the secrets of this mount take {total} bytes, more than the {max_total_bytes} bytes the driver accepts in one response: {}",
+            sizes.join(", ")
+        ),
+    ))
+}
+
+/// The object version of each entry. The driver keys versions by id; one OCID mounted
+/// twice (two versions, two files) would collapse, so such ids carry the file path.
+fn object_versions(
+    params: &MountParameters,
+    bundles: &[vault::SecretBundle],
+) -> Vec<ObjectVersion> {
+    let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+    for bundle in bundles {
+        *ids.entry(bundle.secret_id.as_str()).or_default() += 1;
+    }
+    params
+        .secrets
+        .iter()
+        .zip(bundles)
+        .map(|(spec, bundle)| ObjectVersion {
+            id: if ids.get(bundle.secret_id.as_str()).copied().unwrap_or(0) > 1 {
+                format!("{}/{}", bundle.secret_id, spec.path)
+            } else {
+                bundle.secret_id.clone()
+            },
+            version: bundle.version_number.to_string(),
+        })
+        .collect()
 }
 
 /// The files of an entry's `keys`, at most `room` bytes in all (checked before each copy);
