@@ -9,6 +9,8 @@ mod fuzz;
 mod plot;
 mod procs;
 mod release;
+#[cfg(test)]
+mod sizes;
 mod soak;
 
 use std::process::ExitCode;
