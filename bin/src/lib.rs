@@ -142,7 +142,7 @@ pub async fn run(
     tracing::info!(module = module.name, fips = module.fips, "crypto module");
     let endpoint = config.grpc_endpoint()?;
     let ready = Arc::new(ready::Readiness::new(endpoint.clone()));
-    let stack = wiring::build(&config, &env, Arc::new(auth::SystemClock), &traces)?;
+    let stack = wiring::build(&config, &env, Arc::new(clock::SystemClock), &traces)?;
 
     let health_addr = SocketAddr::new(config.server.bind_address, config.server.healthz_port);
     let health = health::bind(health_addr).await.with_context(|| {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use auth::{Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
+use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheService};
+use clock::SharedClock;
 use provider::{ByteBudget, EndpointOverrides, Endpoints, MountConfig, OciMount};
 use regions::Regions;
 use tower::Layer as _;

@@ -6,9 +6,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clock::SystemClock;
 use csi_grpc::proto::MountRequest;
 use serde_json::json;
-use testkit::{Emulator, Endpoint, Fault, Principal, SecretSeed, Seed, SystemClock};
+use testkit::{Emulator, Endpoint, Fault, Principal, SecretSeed, Seed};
 use tonic::Code;
 
 use crate::process::{Output, Provider};

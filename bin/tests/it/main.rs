@@ -400,7 +400,7 @@ async fn ready_metric_becomes(provider: &Provider, value: u8) {
 
 #[tokio::test]
 async fn the_emulators_provider_config_is_a_valid_configuration() {
-    let clock: testkit::SharedClock = std::sync::Arc::new(testkit::SystemClock);
+    let clock: clock::SharedClock = std::sync::Arc::new(clock::SystemClock);
     let emulator = testkit::Emulator::start(testkit::Seed::default(), clock)
         .await
         .unwrap();

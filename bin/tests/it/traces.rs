@@ -5,13 +5,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use clock::SystemClock;
 use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use serde_json::json;
-use testkit::{Emulator, SecretSeed, Seed, SystemClock};
+use testkit::{Emulator, SecretSeed, Seed};
 
 use crate::process::Provider;
 

@@ -30,7 +30,6 @@ mod session;
 mod signing;
 mod tenant_keys;
 
-pub use cache::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
 pub use identity::{Credential, Identity};
 pub use key::{KeyError, PrivateKey};

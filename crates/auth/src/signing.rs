@@ -17,7 +17,9 @@ use http::{HeaderName, HeaderValue, Method, Request};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use crate::{AuthError, BoxError, Identity, PrivateKey, Session, SharedClock};
+use clock::SharedClock;
+
+use crate::{AuthError, BoxError, Identity, PrivateKey, Session};
 
 /// The `x-content-sha256` header name.
 pub const X_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-content-sha256");

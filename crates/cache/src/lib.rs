@@ -6,9 +6,9 @@
 //! (single flight). [`CacheLayer`] puts it in front of any tower service whose requests
 //! say their own key ([`CacheKey`]).
 //!
-//! - **Freshness is decided by the caller's [`Clock`]**, not by the cache engine's own
+//! - **Freshness is decided by the caller's [`Clock`](clock::Clock)**, not by the cache engine's own
 //!   timer: each stored value carries its expiry (a TTL from the configuration, or the
-//!   value's own end of life, whichever comes first), so tests move a [`ManualClock`]
+//!   value's own end of life, whichever comes first), so tests move a [`ManualClock`](clock::ManualClock)
 //!   instead of sleeping. Expired values are dropped by [`Cache::purge_expired`], which
 //!   [`Cache::spawn_purger`] runs on a timer, so a secret does not stay in memory until the
 //!   next insertion happens to evict it.
@@ -25,7 +25,6 @@
 //!
 //! See the README for an example (compiled as a doc test).
 
-mod clock;
 mod layer;
 
 use std::fmt;
@@ -38,7 +37,7 @@ use std::time::{Duration, SystemTime};
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
 
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+use clock::SharedClock;
 pub use layer::{CacheKey, CacheLayer, CacheService, Cached};
 
 /// The README's example, compiled as a doc test.

@@ -6,6 +6,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::*;
+use clock::{Clock as _, ManualClock, SharedClock};
 
 /// A value that counts how many of its clones are alive, so tests can see eviction drop it.
 #[derive(Clone, Debug)]

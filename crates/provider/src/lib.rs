@@ -23,3 +23,8 @@ pub use params::{
     VersionSelector,
 };
 pub use service::{BundleResponse, IdentityService, MountConfig, OciMount, RegionStats};
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

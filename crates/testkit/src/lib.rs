@@ -21,7 +21,7 @@
 //!             .version(1, "hunter2", &["CURRENT", "LATEST"])
 //!             .allow_workload("app", "app-sa"),
 //!     );
-//! let emu = Emulator::start(seed, Arc::new(oci_csi_testkit::SystemClock)).await?;
+//! let emu = Emulator::start(seed, Arc::new(clock::SystemClock)).await?;
 //! let secrets_url = emu.url(Endpoint::Secrets);
 //! let ca_pem = emu.ca_pem();
 //! emu.script(Endpoint::Secrets, [Fault::Status(503), Fault::Status(503)]);
@@ -54,8 +54,7 @@ use http::StatusCode;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-/// The clock contract shared with the provider, re-exported for convenience.
-pub use auth::{Clock, ManualClock, SharedClock, SystemClock};
+use clock::SharedClock;
 
 pub use crate::certs::{CaSeed, CertificateCall, CertificateSeed, KeyKind, verify_server_chain};
 pub use crate::crypto::api_key_fingerprint;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use auth::SharedClock;
+use clock::SharedClock;
 use serde::Serialize;
 use tokio::sync::watch;
 

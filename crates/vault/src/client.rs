@@ -46,7 +46,7 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 /// use oci_csi_vault::{RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient};
 /// use tower::{Layer as _, ServiceExt as _};
 ///
-/// let signed = auth::SigningLayer::new(Arc::new(auth::SystemClock)).layer(http);
+/// let signed = auth::SigningLayer::new(Arc::new(clock::SystemClock)).layer(http);
 /// let client = VaultClient::new(signed, RetryPolicy::default());
 /// let bundle = client
 ///     .oneshot(SecretRequest {

@@ -21,7 +21,9 @@ use transport::HttpService;
 
 use crate::kube::KubeApi;
 use crate::signing::BoxFuture;
-use crate::{AuthError, Identity, Session, SharedClock};
+use clock::SharedClock;
+
+use crate::{AuthError, Identity, Session};
 
 /// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
 /// service-account token is only sent if it is valid for longer.

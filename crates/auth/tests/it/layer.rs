@@ -10,11 +10,11 @@ use aws_lc_rs::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use clock::ManualClock;
 use http::{Method, Request};
 use oci_csi_auth::signature::SignatureProfile;
 use oci_csi_auth::{
-    AuthError, Credential, KeyId, ManualClock, PrivateKey, Session, SignedResponse, SigningKey,
-    SigningLayer,
+    AuthError, Credential, KeyId, PrivateKey, Session, SignedResponse, SigningKey, SigningLayer,
 };
 use tower_test::mock;
 

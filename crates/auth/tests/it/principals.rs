@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use clock::{ManualClock, SharedClock};
 use http::{Method, Request, Response};
 use oci_csi_auth::{
-    AuthError, BoxError, ErrorKind, Established, Identity, IdentityRequest, ManualClock,
-    PrincipalKind, Principals, PrincipalsConfig, PrivateKey, SharedClock, SigningLayer,
+    AuthError, BoxError, ErrorKind, Established, Identity, IdentityRequest, PrincipalKind,
+    Principals, PrincipalsConfig, PrivateKey, SigningLayer,
 };
 use secrecy::SecretString;
 use testkit::{Emulator, Endpoint, Fault, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
@@ -757,7 +758,7 @@ trait NowForTest {
 
 impl NowForTest for ManualClock {
     fn now_for_test(&self) -> SystemTime {
-        oci_csi_auth::Clock::now(self)
+        clock::Clock::now(self)
     }
 }
 

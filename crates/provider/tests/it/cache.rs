@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use auth::{ManualClock, Principals, PrincipalsConfig, SharedClock, Signing, SigningLayer};
+use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheConfig, CacheLayer, CacheService};
+use clock::{ManualClock, SharedClock};
 use csi_grpc::{ErrorKind, MountError, MountRequest, MountResponse};
 use oci_csi_provider::{MountConfig, OciMount};
 use serde_json::json;

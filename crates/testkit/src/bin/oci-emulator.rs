@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use oci_csi_testkit::{Emulator, Seed, SystemClock};
+use clock::SystemClock;
+use oci_csi_testkit::{Emulator, Seed};
 
 fn usage() -> &'static str {
     "usage: oci-emulator [--seed SEED.toml] [--out-dir DIR]"

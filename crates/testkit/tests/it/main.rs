@@ -9,13 +9,13 @@ mod client;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use auth::ManualClock;
 use aws_lc_rs::digest;
 use aws_lc_rs::rsa::KeySize;
 use aws_lc_rs::signature::RsaKeyPair;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use bytes::Bytes;
+use clock::ManualClock;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use oci_csi_testkit::{
@@ -1120,7 +1120,7 @@ async fn example_seed_file_parses_and_starts() {
         seed.secrets[1].versions[0].content.0,
         [0, 159, 146, 150, 240, 10, 255]
     );
-    let emu = Emulator::start(seed, Arc::new(auth::SystemClock))
+    let emu = Emulator::start(seed, Arc::new(clock::SystemClock))
         .await
         .unwrap();
     let token = emu
@@ -1160,7 +1160,7 @@ async fn secrets_over_http2_signs_the_authority_as_host() {
 async fn failed_tls_handshakes_are_counted_separately() {
     let (emu, _c) = start_at(SystemTime::now()).await;
     // A client that trusts another CA aborts the handshake.
-    let other = Emulator::start(Seed::default(), Arc::new(auth::SystemClock))
+    let other = Emulator::start(Seed::default(), Arc::new(clock::SystemClock))
         .await
         .unwrap();
     let connector =
@@ -1195,7 +1195,7 @@ async fn wait_for_times_out_with_the_last_counters() {
 
 #[tokio::test]
 async fn inconsistent_seeds_are_rejected() {
-    let clock = Arc::new(auth::SystemClock);
+    let clock = Arc::new(clock::SystemClock);
     let bad_stage =
         Seed::default().secret(SecretSeed::new("s", "v", "n").version(1, "x", &["current"]));
     assert!(Emulator::start(bad_stage, clock.clone()).await.is_err());

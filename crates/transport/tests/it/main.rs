@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use clock::SystemClock;
 use oci_csi_transport::{Deadline, ErrorKind, Proxy, Transport, TransportConfig};
-use testkit::{Emulator, Endpoint, Fault, Seed, SystemClock};
+use testkit::{Emulator, Endpoint, Fault, Seed};
 use tower::{Service, ServiceExt};
 
 async fn emulator() -> Emulator {

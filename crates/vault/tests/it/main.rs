@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use auth::{KeyId, PrivateKey, Session, Signing, SigningKey, SigningLayer, SystemClock};
+use auth::{KeyId, PrivateKey, Session, Signing, SigningKey, SigningLayer};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use clock::SystemClock;
 use oci_csi_vault::{
     CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, RetryPolicy, SecretBundle,
     SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient, VaultError,

@@ -1,3 +1,6 @@
+//! An injectable wall clock: [`SystemClock`] in production, [`ManualClock`] in tests, shared
+//! as a [`SharedClock`] by the caches, the signing layer and the emulator.
+
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -28,7 +31,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use oci_csi_cache::{Clock, ManualClock};
+/// use oci_csi_clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_672_954_300));
 /// clock.advance(Duration::from_secs(60));
@@ -64,3 +67,8 @@ impl Clock for ManualClock {
         *self.now.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
