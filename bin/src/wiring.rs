@@ -8,28 +8,37 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
-use cache::{Cache, CacheService};
+use cache::{Cache, CacheLayer, CacheService};
 use clock::SharedClock;
-use provider::{ByteBudget, EndpointOverrides, Endpoints, MountConfig, OciMount};
+use provider::{
+    Budget, BudgetLayer, ByteBudget, EndpointOverrides, Endpoints, Failover, FailoverLayer,
+    MountConfig, OciMount, RegionStats,
+};
 use regions::Regions;
-use tower::Layer as _;
-use transport::{HttpService, Proxy, Transport, TransportConfig};
-use vault::{RetryPolicy, VaultClient};
+use tower::{Layer as _, ServiceBuilder};
+use transport::{
+    HostLimitLayer, HttpService, ObserveLayer, Proxy, TimeoutLayer, Transport, TransportConfig,
+};
+use vault::{Retry, RetryLayer, RetryPolicy, VaultClient};
 
 use crate::config::{CacheConfig, Config, ServerConfig, UpstreamConfig};
 use crate::health::HttpLimits;
 use crate::metrics::Metrics;
 
-/// The Secrets service the mounts call: the bundle cache over the Secrets API client.
-pub(crate) type Bundles =
-    CacheService<VaultClient<Signing<HttpService>>, vault::BundleKey, vault::SecretBundle>;
+/// The Secrets and Certificates client: one attempt over the signed transport.
+type Client = VaultClient<Signing<HttpService>>;
+
+/// What secret entries are read through: the failover region over the byte budget over the
+/// bundle cache over the retries of the client.
+pub(crate) type Secrets =
+    Failover<Budget<CacheService<Retry<Client>, vault::BundleKey, vault::SecretBundle>>>;
+
+/// What certificate entries are read through: the byte budget over the retries of the same
+/// client (not cached: a certificate's files are made from each answer).
+pub(crate) type Certificates = Budget<Retry<Client>>;
 
 /// The mount service the gRPC server calls.
-pub(crate) type Mount = OciMount<Principals, Bundles, Certificates>;
-
-/// The Certificates service certificate entries call: the same client type over the same
-/// signed transport (not cached: a certificate's files are made from each answer).
-pub(crate) type Certificates = VaultClient<Signing<HttpService>>;
+pub(crate) type Mount = OciMount<Principals, Secrets, Certificates>;
 
 /// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
 /// which this module binds to the transport.
@@ -172,80 +181,81 @@ pub(crate) fn build(
     let endpoints = Arc::new(endpoints(config, regions.clone())?);
     let principals_config = principals_config(config, regions);
 
-    // 1. The one transport, trusting each destination for itself, timing every exchange.
+    // 1. The one transport: the pool (connections bounded per host, trust per destination)
+    //    and one layer per concern over each exchange.
     let timings = Arc::new(crate::metrics::UpstreamTimings::new(host_classes(
         &principals_config,
         config,
         traces,
     )));
-    let transport_config = TransportConfig {
-        observer: Some(timings.clone()),
-        ..transport_config(config, env, &principals_config, traces)?
-    };
-    let transport = Transport::new(transport_config)?;
-    traces.client.bind(transport.service());
+    let transport = Transport::new(transport_config(config, env, &principals_config, traces)?)?;
+    let http = http(&transport, &config.upstream, timings.clone());
+    traces.client.bind(http.clone());
 
     // 2. Identities over the transport; requests signed with the session each carries.
-    let principals = Principals::new(principals_config, transport.service(), clock.clone())
+    let principals = Principals::new(principals_config, http.clone(), clock.clone())
         .context("cannot set up the OCI principals")?;
-    let signing = SigningLayer::new(clock.clone()).layer(transport.service());
+    let signing = SigningLayer::new(clock.clone()).layer(http);
 
-    // 3. The Secrets and Certificates client over the signed service.
-    let vault = vault_client(signing, &config.upstream);
-    let retries = vault.retries();
-    let certificates = vault.clone();
+    // 3. The fetch stacks over the signed client, one layer per concern.
+    let bundles = bundle_cache(config, clock, &principals);
+    let fetches = fetches(config, signing, bundles.clone());
 
-    // 4. The bundle cache in front of it: one fetch per credential, secret and version at
-    //    a time, kept for the TTL. Expired entries (and credentials) are dropped on a timer.
-    let bundles = Cache::new(bundle_cache_config(&config.cache), clock);
-    let purge_every = Duration::from_secs(config.cache.purge_interval_seconds);
-    if tokio::runtime::Handle::try_current().is_ok() {
-        bundles.spawn_purger(purge_every);
-        principals.spawn_purgers(purge_every);
-    }
-    let vault = cache::CacheLayer::new(bundles.clone()).layer(vault);
-
-    // 5. The mount service: identity, then the fetches, under the process's byte budget.
-    let budget = ByteBudget::with_namespace_share(
-        config.server.max_in_flight_bytes,
-        config
-            .server
-            .namespace_bytes(config.upstream.max_bundle_bytes),
-    );
-    let served = Arc::new(provider::RegionStats::default());
+    // 4. The mount service: identity, then the entries through the fetch stacks.
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
     let mount_config = MountConfig {
-        budget: Some(budget.clone()),
         tenant_keys: principals.tenant_keys(),
         endpoints,
-        served: served.clone(),
         certificate_expiry: certificate_expiry.clone(),
         ..mount_config(config)
     };
-    let mount =
-        OciMount::new(principals.clone(), vault, mount_config).with_certificates(certificates);
+    let mount = OciMount::new(
+        principals.clone(),
+        fetches.secrets,
+        fetches.certificates,
+        mount_config,
+    );
 
-    // 6. The CSI gRPC service, with its limits, reporting to the metrics.
+    // 5. The CSI gRPC service, with its limits, reporting to the metrics.
     let caches = crate::metrics::ScrapeSources {
         bundles,
         principals,
-        served,
+        served: fetches.served,
         certificate_expiry,
         certificate_ids: config.telemetry.certificate_ids_in_metrics,
         timings,
-        retries,
+        retries: fetches.retries,
         otlp: traces.client.clone(),
     };
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),
         config.server.max_in_flight_mounts,
         transport,
-        budget,
+        fetches.budget,
         caches,
     ));
     let provider = csi_grpc::CsiProvider::new(mount, server_info(), (&config.server).into())
         .with_observer(metrics.clone());
     Ok(Stack { provider, metrics })
+}
+
+/// The transport's layers over its pool, outermost first: a client span and the exchange
+/// metrics, the request timeout (or the request's deadline when earlier), the requests in
+/// flight per host. Built once: every upstream call of the process goes through it.
+fn http(
+    transport: &Transport,
+    u: &UpstreamConfig,
+    timings: Arc<crate::metrics::UpstreamTimings>,
+) -> HttpService {
+    HttpService::new(
+        ServiceBuilder::new()
+            .layer(ObserveLayer::new(Some(timings)))
+            .layer(TimeoutLayer::new(Duration::from_secs(
+                u.request_timeout_seconds,
+            )))
+            .layer(HostLimitLayer::new(u.max_connections_per_host))
+            .service(transport.exchange()),
+    )
 }
 
 /// What `Version` answers.
@@ -345,14 +355,82 @@ fn host_classes(
     classes
 }
 
-/// The Secrets and Certificates client: `[upstream]` attempts and answer bound, our
-/// `User-Agent`.
-fn vault_client(signing: Signing<HttpService>, u: &UpstreamConfig) -> Certificates {
-    let retry = RetryPolicy {
+/// The fetch stacks and what the metrics read of them.
+struct Fetches {
+    secrets: Secrets,
+    certificates: Certificates,
+    budget: ByteBudget,
+    served: Arc<RegionStats>,
+    retries: Arc<vault::Retries>,
+}
+
+/// The fetch stacks over the signed client, outermost first. Secrets: the failover region
+/// when the primary fails over, the process's byte budget, the bundle cache (single flight,
+/// keyed by credential), the retries. Certificates: the byte budget, the retries.
+fn fetches(
+    config: &Config,
+    signing: Signing<HttpService>,
+    bundles: Cache<vault::BundleKey, vault::SecretBundle>,
+) -> Fetches {
+    let client = vault_client(signing, &config.upstream);
+    let retry = retry_layer(&config.upstream);
+    let budget = ByteBudget::with_namespace_share(
+        config.server.max_in_flight_bytes,
+        config
+            .server
+            .namespace_bytes(config.upstream.max_bundle_bytes),
+    );
+    // Each fetch reserves the client's body limit: its answer is read whole, at most that.
+    let bounds = BudgetLayer::new(Some(budget.clone()), config.upstream.max_bundle_bytes);
+    let served = Arc::new(RegionStats::default());
+    let secrets = ServiceBuilder::new()
+        .layer(FailoverLayer::new(served.clone()))
+        .layer(bounds.clone())
+        .layer(CacheLayer::new(bundles))
+        .layer(retry.clone())
+        .service(client.clone());
+    let certificates = ServiceBuilder::new()
+        .layer(bounds)
+        .layer(retry.clone())
+        .service(client);
+    Fetches {
+        secrets,
+        certificates,
+        budget,
+        served,
+        retries: retry.retries(),
+    }
+}
+
+/// The bundle cache; expired entries (and credentials) are dropped on a timer.
+fn bundle_cache(
+    config: &Config,
+    clock: SharedClock,
+    principals: &Principals,
+) -> Cache<vault::BundleKey, vault::SecretBundle> {
+    let bundles = Cache::new(bundle_cache_config(&config.cache), clock);
+    let purge_every = Duration::from_secs(config.cache.purge_interval_seconds);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        bundles.spawn_purger(purge_every);
+        principals.spawn_purgers(purge_every);
+    }
+    bundles
+}
+
+/// The retries of the Secrets and Certificates calls: `[upstream] max_attempts`.
+fn retry_layer(u: &UpstreamConfig) -> RetryLayer {
+    RetryLayer::new(RetryPolicy {
         max_attempts: u.max_attempts,
         ..RetryPolicy::default()
-    };
-    VaultClient::new(signing, retry)
+    })
+}
+
+/// The Secrets and Certificates client: `[upstream]` answer bound, our `User-Agent`.
+fn vault_client(
+    signing: Signing<HttpService>,
+    u: &UpstreamConfig,
+) -> VaultClient<Signing<HttpService>> {
+    VaultClient::new(signing)
         .with_user_agent(concat!(
             "oci-secrets-store-csi-driver-provider/",
             env!("CARGO_PKG_VERSION")
@@ -369,7 +447,6 @@ fn mount_config(config: &Config) -> MountConfig {
         max_files: config.server.max_files_per_mount,
         allowed_types: config.auth.allowed_types.clone(),
         allowed_regions: config.auth.allowed_regions.clone(),
-        fetch_reserve_bytes: config.upstream.max_bundle_bytes,
         ..MountConfig::default()
     }
 }

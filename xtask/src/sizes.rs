@@ -15,7 +15,6 @@ const OVER: &[(&str, usize)] = &[
     ("bin/src/health.rs:serve", 81),
     ("bin/src/lib.rs:run", 88),
     ("bin/src/metrics/mod.rs:new", 82),
-    ("bin/src/wiring.rs:build", 85),
     ("crates/cache/src/lib.rs:get_or_fetch", 87),
     ("crates/csi-grpc/src/server.rs:mount", 83),
     ("crates/h2-authority/src/reader.rs:process", 89),

@@ -545,13 +545,23 @@ async fn idle_connections_close_on_both_sides_after_the_idle_timeout() {
         .mount(request("workload", "sa-0", 1, TWO_SECRETS))
         .await
         .unwrap();
-    // Right after the mount, the connections are kept for reuse.
-    let open_now = metric(
-        &provider.metrics().await,
-        "oci_provider_upstream_connections_open",
-    );
+    // Right after the mount, the connections are kept for reuse, and both sides count the
+    // same ones once the emulator has seen any close the provider made (it notices a close
+    // only when it next reads the socket, later under load).
+    let started = std::time::Instant::now();
+    let (open_now, on_emulator) = loop {
+        let open_now = metric(
+            &provider.metrics().await,
+            "oci_provider_upstream_connections_open",
+        );
+        let on_emulator = open_on_emulator(&emu) as f64;
+        if open_now == on_emulator || started.elapsed() > WAIT {
+            break (open_now, on_emulator);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(open_now >= 1.0, "{open_now}");
-    assert_eq!(open_now, open_on_emulator(&emu) as f64);
+    assert_eq!(open_now, on_emulator);
     emu.wait_for(WAIT, |s| {
         [Endpoint::Secrets, Endpoint::Proxymux, Endpoint::Kube]
             .into_iter()

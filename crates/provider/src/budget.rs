@@ -9,17 +9,21 @@
 //! namespace holds at most its share of the budget, so a tenant whose fetches stall cannot
 //! take the bytes every other namespace needs.
 //!
-//! [`Budgeted`] is how `OciMount` holds its fetch services (secrets, certificates, any
-//! future kind): it has no other way to reach them, so no fetch kind can skip the
-//! reservation, the namespace's share or the mount's running total. While a fetch waits
-//! out a retry backoff its reservation goes back (`vault::with_backoff`).
+//! [`BudgetLayer`] is the one way a fetch is counted: its service takes a [`Metered`]
+//! request (which only the mount service makes) and answers [`Held`] (which only it makes),
+//! and `OciMount` takes fetch services that answer `Held`. So every fetch kind (secrets,
+//! certificates, any future kind) goes through the reservation, the namespace's share and
+//! the mount's running total, or does not compile. While a fetch waits out a retry backoff
+//! its reservation goes back (`vault::with_backoff`).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 
-use tower::{Service, ServiceExt};
+use futures_util::future::BoxFuture;
+use tower::{Layer, Service};
 
 /// A shared byte budget; clones share it.
 #[derive(Clone)]
@@ -269,28 +273,19 @@ impl Weigh for vault::CertificateBundle {
     }
 }
 
-/// One mount's share of the bounds: the process budget (its namespace's share of it), what
-/// each fetch reserves, and the running total of the bytes its fetches brought.
+/// One mount's share of the bounds: its namespace (whose share of the budget its fetches
+/// take), its size limit, and the running total of the bytes its fetches brought.
 #[derive(Debug)]
 pub(crate) struct MountBytes {
-    budget: Option<ByteBudget>,
     namespace: Arc<str>,
-    reserve: usize,
     limit: usize,
     total: AtomicUsize,
 }
 
 impl MountBytes {
-    pub(crate) fn new(
-        budget: Option<ByteBudget>,
-        namespace: &str,
-        reserve: usize,
-        limit: usize,
-    ) -> Arc<Self> {
+    pub(crate) fn new(namespace: &str, limit: usize) -> Arc<Self> {
         Arc::new(Self {
-            budget,
             namespace: Arc::from(namespace),
-            reserve,
             limit,
             total: AtomicUsize::new(0),
         })
@@ -309,18 +304,33 @@ impl MountBytes {
     fn over(&self) -> bool {
         self.total() > self.limit
     }
+}
 
-    fn reserve(&self) -> Result<Option<Reservation>, Refusal> {
-        self.budget
-            .as_ref()
-            .map(|b| b.try_reserve_for(&self.namespace, self.reserve))
-            .transpose()
+/// A fetch of one mount, as [`Budget`] takes it: the request and the mount whose bounds it
+/// counts against. Only the mount service makes them.
+#[derive(Debug)]
+pub struct Metered<R> {
+    request: R,
+    mount: Arc<MountBytes>,
+}
+
+impl<R> Metered<R> {
+    pub(crate) fn new(request: R, mount: &Arc<MountBytes>) -> Self {
+        Self {
+            request,
+            mount: Arc::clone(mount),
+        }
+    }
+
+    /// The request.
+    pub fn request(&self) -> &R {
+        &self.request
     }
 }
 
 /// A fetch that did not run or did not finish within the bounds.
 #[derive(Debug)]
-pub(crate) enum Refused<E> {
+pub enum Refused<E> {
     /// No reservation could be had.
     Budget(Refusal),
     /// The mount passed its size limit already (another of its fetches did); this one was
@@ -330,90 +340,166 @@ pub(crate) enum Refused<E> {
     Failed(E),
 }
 
-/// An answer and the bytes it holds in the budget (given back when dropped).
+/// An answer and the bytes it holds in the budget (given back when dropped). Only
+/// [`Budget`] makes one, so a service that answers with `Held` went through the budget.
+///
+/// ```compile_fail
+/// // Outside the budget, nothing can claim an answer was budgeted.
+/// let held = oci_csi_provider::Held { value: 1usize, reservation: None, over: false };
+/// ```
 #[derive(Debug)]
-pub(crate) struct Held<T> {
-    pub(crate) value: T,
-    pub(crate) reservation: Option<Reservation>,
+pub struct Held<T> {
+    value: T,
+    reservation: Option<Reservation>,
     /// This answer brought the mount past its size limit.
-    pub(crate) over: bool,
+    over: bool,
 }
 
-/// A fetch service reachable only through [`Budgeted::fetch`].
+impl<T> Held<T> {
+    /// The answer.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The answer, its bytes in the budget, and whether it brought its mount past the
+    /// mount's size limit.
+    pub(crate) fn into_parts(self) -> (T, Option<Reservation>, bool) {
+        (self.value, self.reservation, self.over)
+    }
+}
+
+/// Every fetch of a mount within the byte bounds: refused when the mount is over its size
+/// limit already or when no reservation of `reserve` bytes (its namespace's share
+/// included) can be had; the reservation is given back while the fetch waits out a retry
+/// backoff ([`vault::with_backoff`]) and shrunk to the answer's [`Weigh::weight`], which
+/// counts against the mount's running total.
 #[derive(Clone, Debug)]
-pub(crate) struct Budgeted<S> {
-    inner: S,
+pub struct BudgetLayer {
+    budget: Option<ByteBudget>,
+    reserve: usize,
 }
 
-impl<S> Budgeted<S> {
-    pub(crate) fn new(inner: S) -> Self {
-        Self { inner }
+impl BudgetLayer {
+    /// Fetches reserve `reserve` bytes of `budget` before they start (`None`: no process
+    /// budget; the mount's size limit still applies).
+    pub fn new(budget: Option<ByteBudget>, reserve: usize) -> Self {
+        Self { budget, reserve }
+    }
+}
+
+impl<S> Layer<S> for BudgetLayer {
+    type Service = Budget<S>;
+
+    fn layer(&self, inner: S) -> Budget<S> {
+        Budget {
+            inner,
+            budget: self.budget.clone(),
+            reserve: self.reserve,
+        }
+    }
+}
+
+/// The service of [`BudgetLayer`].
+#[derive(Clone, Debug)]
+pub struct Budget<S> {
+    inner: S,
+    budget: Option<ByteBudget>,
+    reserve: usize,
+}
+
+impl<S, R> Service<Metered<R>> for Budget<S>
+where
+    S: Service<R> + Clone + Send + 'static,
+    S::Response: Weigh + Send,
+    S::Future: Send,
+    R: Send + 'static,
+{
+    type Response = Held<S::Response>;
+    type Error = Refused<S::Error>;
+    type Future = BoxFuture<'static, Result<Held<S::Response>, Refused<S::Error>>>;
+
+    // The budget refuses a fetch past it rather than making it wait, so readiness is the
+    // inner service's.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Refused::Failed)
     }
 
-    /// Runs one upstream fetch of the mount within its bounds: refused when the mount is
-    /// over its size limit already or when no reservation can be had; the reservation is
-    /// given back during retry backoffs and shrunk to the answer's weight, which counts
-    /// against the mount's running total.
-    pub(crate) async fn fetch<R>(
-        &self,
-        mount: &Arc<MountBytes>,
-        request: R,
-    ) -> Result<Held<S::Response>, Refused<S::Error>>
-    where
-        S: Service<R> + Clone,
-        S::Response: Weigh,
-    {
-        if mount.over() {
-            return Err(Refused::MountOver);
-        }
-        let reservation = mount.reserve().map_err(Refused::Budget)?;
-        let slot = Arc::new(Slot {
-            mount: mount.clone(),
-            reservation: Mutex::new(reservation),
-        });
-        let answer = vault::with_backoff(slot.clone(), self.inner.clone().oneshot(request)).await;
-        let value = answer.map_err(Refused::Failed)?;
-        let weight = value.weight();
-        let mut reservation = slot.take();
-        if let Some(r) = &mut reservation {
-            r.shrink_to(weight);
-        }
-        let total = mount.total.fetch_add(weight, Ordering::Relaxed) + weight;
-        Ok(Held {
-            value,
-            reservation,
-            over: total > mount.limit,
-        })
+    fn call(&mut self, metered: Metered<R>) -> Self::Future {
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let slot = Slot {
+            budget: self.budget.clone(),
+            namespace: metered.mount.namespace.clone(),
+            reserve: self.reserve,
+            reservation: Mutex::new(None),
+        };
+        Box::pin(fetch(ready, slot, metered))
     }
+}
+
+/// One fetch within the bounds (see [`BudgetLayer`]).
+async fn fetch<S, R>(
+    mut ready: S,
+    slot: Slot,
+    metered: Metered<R>,
+) -> Result<Held<S::Response>, Refused<S::Error>>
+where
+    S: Service<R>,
+    S::Response: Weigh,
+{
+    let Metered { request, mount } = metered;
+    if mount.over() {
+        return Err(Refused::MountOver);
+    }
+    *slot.lock() = slot.reserve().map_err(Refused::Budget)?;
+    let slot = Arc::new(slot);
+    let answer = vault::with_backoff(slot.clone(), ready.call(request)).await;
+    let value = answer.map_err(Refused::Failed)?;
+    let weight = value.weight();
+    let mut reservation = slot.lock().take();
+    if let Some(r) = &mut reservation {
+        r.shrink_to(weight);
+    }
+    let total = mount.total.fetch_add(weight, Ordering::Relaxed) + weight;
+    Ok(Held {
+        value,
+        reservation,
+        over: total > mount.limit,
+    })
 }
 
 /// The reservation of one fetch, shared with its backoff hook.
 struct Slot {
-    mount: Arc<MountBytes>,
+    budget: Option<ByteBudget>,
+    namespace: Arc<str>,
+    reserve: usize,
     reservation: Mutex<Option<Reservation>>,
 }
 
 impl Slot {
-    fn take(&self) -> Option<Reservation> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Reservation>> {
         self.reservation
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take()
+    }
+
+    fn reserve(&self) -> Result<Option<Reservation>, Refusal> {
+        self.budget
+            .as_ref()
+            .map(|b| b.try_reserve_for(&self.namespace, self.reserve))
+            .transpose()
     }
 }
 
 impl vault::Backoff for Slot {
     fn pausing(&self) {
-        drop(self.take());
+        drop(self.lock().take());
     }
 
     fn resuming(&self) -> bool {
-        match self.mount.reserve() {
+        match self.reserve() {
             Ok(reservation) => {
-                *self
-                    .reservation
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = reservation;
+                *self.lock() = reservation;
                 true
             }
             Err(_) => false,
@@ -424,6 +510,108 @@ impl vault::Backoff for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt as _;
+    use tower_test::mock;
+
+    /// An answer of the mock below the budget's layer, weighing what it says.
+    #[derive(Debug)]
+    struct Answer(usize);
+
+    impl Weigh for Answer {
+        fn weight(&self) -> usize {
+            self.0
+        }
+    }
+
+    type Below = mock::Mock<&'static str, Answer>;
+
+    fn budgeted(
+        budget: &ByteBudget,
+        reserve: usize,
+    ) -> (Budget<Below>, mock::Handle<&'static str, Answer>) {
+        let (inner, handle) = mock::pair();
+        (
+            BudgetLayer::new(Some(budget.clone()), reserve).layer(inner),
+            handle,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_fetch_reserves_before_it_starts_and_keeps_only_what_its_answer_weighs() {
+        let budget = ByteBudget::with_namespace_share(1000, 1000);
+        let (service, mut handle) = budgeted(&budget, 300);
+        let mount = MountBytes::new("app", 10_000);
+        let call = tokio::spawn(service.oneshot(Metered::new("a", &mount)));
+        let (request, reply) = handle.next_request().await.unwrap();
+        assert_eq!(request, "a");
+        assert_eq!(
+            (budget.used(), budget.used_by("app")),
+            (300, 300),
+            "reserved before the fetch started"
+        );
+        reply.send_response(Answer(42));
+        let held = call.await.unwrap().unwrap();
+        assert_eq!(held.value().0, 42);
+        assert_eq!(budget.used(), 42, "shrunk to the answer's weight");
+        assert_eq!(mount.total(), 42, "counted against the mount");
+        let (_, reservation, over) = held.into_parts();
+        assert!(!over);
+        drop(reservation);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_fetch_without_room_in_the_budget_is_refused_before_the_service_below() {
+        let budget = ByteBudget::new(500);
+        let taken = budget.try_reserve(300).unwrap();
+        let (service, mut handle) = budgeted(&budget, 300);
+        let mount = MountBytes::new("app", 10_000);
+        let refused = service
+            .oneshot(Metered::new("a", &mount))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, Refused::Budget(Refusal::Budget { capacity: 500 })),
+            "{refused:?}"
+        );
+        assert!(handle.next_request().await.is_none(), "nothing was fetched");
+        drop(taken);
+    }
+
+    #[tokio::test]
+    async fn a_mount_past_its_limit_starts_no_more_fetches() {
+        let budget = ByteBudget::new(10_000);
+        let (service, mut handle) = budgeted(&budget, 100);
+        let mount = MountBytes::new("app", 50);
+        let call = tokio::spawn(service.clone().oneshot(Metered::new("a", &mount)));
+        let (_, reply) = handle.next_request().await.unwrap();
+        reply.send_response(Answer(60));
+        let (_, reservation, over) = call.await.unwrap().unwrap().into_parts();
+        assert!(over, "60 bytes pass the mount's 50");
+        let refused = service
+            .oneshot(Metered::new("b", &mount))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, Refused::MountOver), "{refused:?}");
+        drop(reservation);
+        assert!(handle.next_request().await.is_none(), "b was not fetched");
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_budget_layer_delegates_readiness() {
+        let budget = ByteBudget::new(1000);
+        let (service, mut handle) = budgeted(&budget, 100);
+        let mut service = mock::Spawn::new(service);
+        handle.allow(0);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let ready = |s: &mut mock::Spawn<Budget<Below>>, cx: &mut std::task::Context<'_>| {
+            Service::<Metered<&'static str>>::poll_ready(s.get_mut(), cx)
+        };
+        assert!(ready(&mut service, &mut cx).is_pending());
+        handle.allow(1);
+        assert!(ready(&mut service, &mut cx).is_ready());
+    }
 
     #[test]
     fn reservations_never_pass_the_capacity_and_give_back_what_they_do_not_use() {

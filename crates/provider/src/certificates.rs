@@ -1,4 +1,4 @@
-//! Certificate entries (issue 15): fetched from the OCI Certificates service with the
+//! Certificate entries: fetched from the OCI Certificates service with the
 //! mount's identity and written as `tls.crt`, `ca.crt` and (asked for) `tls.key`.
 
 use std::collections::HashMap;
@@ -11,14 +11,17 @@ use std::time::Duration;
 use csi_grpc::{File, FileContents, MountError, ObjectVersion};
 use tower::Service;
 
+use crate::budget::{Held, Metered, Refused};
 use crate::params::{CertificateKind, CertificateSpec, VersionSelector};
 
-/// What the mount service needs of the Certificates client: `vault::VaultClient` is one.
+/// What the mount service needs of the Certificates fetch service: a certificate entry's
+/// request in, within the mount's byte bounds ([`crate::BudgetLayer`] over the retried
+/// client), the bundle held in the budget out. Every such service implements it.
 pub trait CertificateService:
     Service<
-        vault::CertificateRequest,
-        Response = vault::CertificateBundle,
-        Error = vault::VaultError,
+        Metered<vault::CertificateRequest>,
+        Response = Held<vault::CertificateBundle>,
+        Error = Refused<vault::VaultError>,
         Future = <Self as CertificateService>::CertificateFuture,
     > + Clone
     + Send
@@ -26,7 +29,7 @@ pub trait CertificateService:
     + 'static
 {
     /// The service's future.
-    type CertificateFuture: Future<Output = Result<vault::CertificateBundle, vault::VaultError>>
+    type CertificateFuture: Future<Output = Result<Held<vault::CertificateBundle>, Refused<vault::VaultError>>>
         + Send
         + 'static;
 }
@@ -34,9 +37,9 @@ pub trait CertificateService:
 impl<C> CertificateService for C
 where
     C: Service<
-            vault::CertificateRequest,
-            Response = vault::CertificateBundle,
-            Error = vault::VaultError,
+            Metered<vault::CertificateRequest>,
+            Response = Held<vault::CertificateBundle>,
+            Error = Refused<vault::VaultError>,
         > + Clone
         + Send
         + Sync
@@ -46,7 +49,8 @@ where
     type CertificateFuture = C::Future;
 }
 
-/// A mount service built without a Certificates client: certificate entries are refused.
+/// The Certificates client of a mount service that reads no certificates: certificate
+/// entries are refused (put the byte budget's layer over it like over a real client).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoCertificates;
 

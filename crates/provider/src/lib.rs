@@ -10,19 +10,23 @@ mod budget;
 mod certificates;
 mod endpoints;
 mod extract;
+mod failover;
 mod params;
 mod service;
 
-pub use budget::{ByteBudget, Refusal, Reservation, Weigh};
+pub use budget::{
+    Budget, BudgetLayer, ByteBudget, Held, Metered, Refusal, Refused, Reservation, Weigh,
+};
 pub use certificates::{CertificateExpiry, CertificateService, NoCertificates};
 pub use endpoints::{EndpointError, EndpointOverrides, Endpoints, RegionEndpoints};
 pub use extract::{Format, KeySpec};
+pub use failover::{Failover, FailoverLayer, RegionStats, ServedBy, WithFailover};
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
     Encoding, MountParameters, ParamError, ParseLimits, SecretSource, SecretSpec, Stage,
     VersionSelector,
 };
-pub use service::{BundleResponse, IdentityService, MountConfig, OciMount, RegionStats};
+pub use service::{BundleResponse, IdentityService, MountConfig, OciMount, SecretsService};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

@@ -1,21 +1,18 @@
 use crate::tls::TrustError;
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::time::Instant;
-use tower::Service;
+use tower::ServiceBuilder;
 
 use crate::config::TransportConfig;
-use crate::connector::{Connector, Permits, authority_of};
+use crate::connector::Connector;
 use crate::error::TransportError;
+use crate::exchange::Exchange;
+use crate::layers::{HostLimitLayer, ObserveLayer, TimeoutLayer};
 use crate::stats::{HostStats, Stats};
 use crate::tls;
 
@@ -23,18 +20,9 @@ use crate::tls;
 pub type HttpService =
     tower::util::BoxCloneSyncService<Request<Bytes>, Response<Bytes>, TransportError>;
 
-/// A request extension: the exchange must be over by then (e.g. the mount's deadline).
-/// The earlier of this and the configured request timeout applies.
-#[derive(Clone, Copy, Debug)]
-pub struct Deadline(pub Instant);
-
-/// A request extension: read at most this many bytes of the answer's body (less than the
-/// configured `max_response_bytes`, for callers that know their answers are small and
-/// account for the buffer, as the Secrets client does).
-#[derive(Clone, Copy, Debug)]
-pub struct MaxBodyBytes(pub usize);
-
-/// The process's HTTP client. Clones share the pool, the bounds and the counters.
+/// The process's HTTP client: the pool (its connector with the per-host connection bound
+/// and trust per destination), the [`Exchange`] over it, and the standard stack of layers
+/// over that ([`Transport::service`]). Clones share the pool, the bounds and the counters.
 #[derive(Clone, Debug)]
 pub struct Transport {
     inner: Arc<Inner>,
@@ -42,10 +30,9 @@ pub struct Transport {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client<Connector, Full<Bytes>>,
-    requests: Permits,
+    exchange: Exchange,
+    service: HttpService,
     stats: Stats,
-    config: TransportConfig,
 }
 
 impl Transport {
@@ -87,19 +74,35 @@ impl Transport {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
+        let exchange = Exchange::new(client, stats.clone(), config.max_response_bytes);
+        let service = HttpService::new(
+            ServiceBuilder::new()
+                .layer(ObserveLayer::new(config.observer.clone()))
+                .layer(TimeoutLayer::new(config.request_timeout))
+                .layer(HostLimitLayer::new(config.max_connections_per_host))
+                .service(exchange.clone()),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
-                requests: Permits::new(config.max_connections_per_host),
+                exchange,
+                service,
                 stats,
-                config,
             }),
         })
     }
 
-    /// The transport as an [`HttpService`].
+    /// The exchange over the pool, without any layer: what a caller composing its own
+    /// stack puts at the bottom (the binary's wiring does, with the same layers as
+    /// [`Transport::service`]).
+    pub fn exchange(&self) -> Exchange {
+        self.inner.exchange.clone()
+    }
+
+    /// The standard stack, built once: [`ObserveLayer`] (with the configured observer),
+    /// [`TimeoutLayer`] (`request_timeout`), [`HostLimitLayer`] (`max_connections_per_host`
+    /// requests in flight per host), then the [`Exchange`]. Clones share its bounds.
     pub fn service(&self) -> HttpService {
-        HttpService::new(self.clone())
+        self.inner.service.clone()
     }
 
     /// Connection counters per host (`host:port`).
@@ -111,146 +114,7 @@ impl Transport {
     pub fn open_connections(&self) -> u64 {
         self.stats().values().map(|h| h.open).sum()
     }
-
-    async fn send(self, request: Request<Bytes>) -> Result<Response<Bytes>, TransportError> {
-        let uri = request.uri().clone();
-        let authority = authority_of(&uri).ok_or_else(|| TransportError::InvalidUri {
-            uri: format!(
-                "{}://{}{}",
-                uri.scheme_str().unwrap_or(""),
-                uri.authority().map(|a| a.as_str()).unwrap_or(""),
-                uri.path()
-            ),
-            reason: "an absolute http or https URI is required",
-        })?;
-        let config = &self.inner.config;
-        self.inner.stats.request(&authority);
-        let request_untraced = request.extensions().get::<Untraced>().is_some();
-        let method = request.method().clone();
-        let mut deadline = Instant::now() + config.request_timeout;
-        if let Some(Deadline(requested)) = request.extensions().get::<Deadline>() {
-            deadline = deadline.min(*requested);
-        }
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let limit = match request.extensions().get::<MaxBodyBytes>() {
-            Some(MaxBodyBytes(requested)) => (*requested).min(config.max_response_bytes),
-            None => config.max_response_bytes,
-        };
-        let exchange = self.exchange(&authority, request, limit);
-        // A client span per exchange (method, host, status; never headers), except for the
-        // trace exporter's own requests, which would otherwise trace themselves.
-        let span = exchange_span(request_untraced, &method, &authority);
-        let started = Instant::now();
-        let timed = tracing::Instrument::instrument(
-            tokio::time::timeout_at(deadline, exchange),
-            span.clone(),
-        );
-        let result = match timed.await {
-            Ok(result) => result,
-            Err(_) => Err(TransportError::Timeout {
-                authority: authority.clone(),
-                after: budget,
-            }),
-        };
-        report(
-            &span,
-            config.observer.as_deref(),
-            &authority,
-            &result,
-            started,
-        );
-        result
-    }
-
-    /// One exchange, within a per-host request permit: send, then read the body up to
-    /// `limit` bytes.
-    async fn exchange(
-        &self,
-        authority: &str,
-        request: Request<Bytes>,
-        limit: usize,
-    ) -> Result<Response<Bytes>, TransportError> {
-        // Requests in flight per host are bounded like connections, so a storm waits
-        // here instead of queueing connects.
-        let _permit = self
-            .inner
-            .requests
-            .of(authority)
-            .acquire_owned()
-            .await
-            .map_err(|e| TransportError::Http {
-                authority: authority.to_owned(),
-                source: Box::new(e),
-            })?;
-        let response = self
-            .inner
-            .client
-            .request(request.map(Full::new))
-            .await
-            .map_err(|e| classify(authority, e))?;
-        let (parts, body) = response.into_parts();
-        let body = Limited::new(body, limit).collect().await.map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                TransportError::TooLarge {
-                    authority: authority.to_owned(),
-                    limit,
-                }
-            } else {
-                TransportError::Http {
-                    authority: authority.to_owned(),
-                    source: e,
-                }
-            }
-        })?;
-        Ok(Response::from_parts(parts, body.to_bytes()))
-    }
 }
-
-/// A client span per exchange (method, host, status; never headers), except for the
-/// trace exporter's own requests, which would otherwise trace themselves.
-fn exchange_span(untraced: bool, method: &http::Method, authority: &str) -> tracing::Span {
-    if untraced {
-        return tracing::Span::none();
-    }
-    tracing::info_span!(
-        "upstream request",
-        otel.kind = "client",
-        http.request.method = %method,
-        server.address = %authority,
-        http.response.status_code = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    )
-}
-
-/// An exchange's outcome, on its span and to the observer (the metrics).
-fn report(
-    span: &tracing::Span,
-    observer: Option<&dyn crate::ExchangeObserver>,
-    authority: &str,
-    result: &Result<Response<Bytes>, TransportError>,
-    started: Instant,
-) {
-    let outcome = match result {
-        Ok(response) => {
-            span.record("http.response.status_code", response.status().as_u16());
-            crate::Outcome::Status(response.status().as_u16())
-        }
-        Err(err) => {
-            span.record("error.type", format!("{:?}", err.kind()).as_str());
-            crate::Outcome::Failed(err.kind())
-        }
-    };
-    if let Some(observer) = observer {
-        observer.exchanged(authority, outcome, started.elapsed());
-    }
-}
-
-/// Put in a request's extensions to send it without a trace span (the trace exporter's
-/// own requests).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Untraced;
 
 /// Why the transport could not be built (a CA file or the platform roots).
 #[derive(Debug, thiserror::Error)]
@@ -269,33 +133,4 @@ pub enum TransportBuildError {
         #[source]
         source: TrustError,
     },
-}
-
-fn classify(authority: &str, error: hyper_util::client::legacy::Error) -> TransportError {
-    let authority = authority.to_owned();
-    if error.is_connect() {
-        TransportError::Connect {
-            authority,
-            source: Box::new(error),
-        }
-    } else {
-        TransportError::Http {
-            authority,
-            source: Box::new(error),
-        }
-    }
-}
-
-impl Service<Request<Bytes>> for Transport {
-    type Response = Response<Bytes>;
-    type Error = TransportError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, TransportError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), TransportError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        Box::pin(self.clone().send(request))
-    }
 }

@@ -19,20 +19,32 @@
 //! - `HTTPS_PROXY`-style tunnelling for OCI hosts only;
 //! - counters of connections opened, closed and open now, per host.
 //!
-//! It is a cloneable `tower::Service<http::Request<Bytes>>`; clones share the pool.
+//! Its service ([`Transport::service`], an [`HttpService`]) is a cloneable
+//! `tower::Service<http::Request<Bytes>>` built of one layer per concern over the
+//! [`Exchange`] (outermost first): [`ObserveLayer`] (a span and the metrics per
+//! exchange), [`TimeoutLayer`] (the request timeout, or a request's [`Deadline`]),
+//! [`HostLimitLayer`] (requests in flight per host). [`Transport::service`] is that stack;
+//! a caller composing its own (the binary's wiring) takes [`Transport::exchange`]. Clones
+//! share the pool.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod client;
 mod config;
 mod connector;
 mod error;
+mod exchange;
+mod layers;
 mod stats;
 mod tls;
 
-pub use client::{Deadline, HttpService, MaxBodyBytes, Transport, TransportBuildError, Untraced};
+pub use client::{HttpService, Transport, TransportBuildError};
 pub use config::{Proxy, TransportConfig};
 pub use connector::authority_of;
 pub use error::{ErrorKind, TransportError};
+pub use exchange::{Exchange, MaxBodyBytes};
+pub use layers::{
+    Deadline, HostLimit, HostLimitLayer, Observe, ObserveLayer, Timeout, TimeoutLayer, Untraced,
+};
 pub use stats::{ExchangeObserver, HostStats, Outcome};
 pub use tls::TrustError;
 

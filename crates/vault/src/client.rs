@@ -1,12 +1,11 @@
-//! The Secrets client: one request per attempt, retries with backoff, decoding.
+//! The Secrets and Certificates client: one attempt of a request, signed, sent and read;
+//! retries are the layer above it ([`crate::RetryLayer`]).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use auth::BoxError;
 use bytes::Bytes;
@@ -17,9 +16,8 @@ use tower::{Service, ServiceExt as _};
 
 use crate::bundle::{self, MalformedBundle, SecretBundle};
 use crate::certificate::{self, CertificateBundle, CertificateRequest};
-use crate::error::{OciError, Stopped, Subject, VaultError};
+use crate::error::{OciError, Subject, VaultError};
 use crate::request::SecretRequest;
-use crate::retry::{RetryPolicy, unit_random};
 
 /// The request id header OCI reads and echoes.
 const OPC_REQUEST_ID: HeaderName = HeaderName::from_static("opc-request-id");
@@ -30,8 +28,10 @@ const OPC_CLIENT_RETRIES: HeaderName = HeaderName::from_static("opc-client-retri
 /// with [`VaultClient::with_user_agent`].
 pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_VERSION"));
 
-/// The OCI Secrets API client as a tower service: a [`SecretRequest`] in, a
-/// [`SecretBundle`] out.
+/// The OCI Secrets and Certificates APIs as a tower service: an [`Attempt`] of a
+/// [`SecretRequest`] or a [`CertificateRequest`] in, a [`SecretBundle`] or a
+/// [`CertificateBundle`] out. One attempt is one HTTP exchange; [`crate::RetryLayer`] above
+/// it makes the attempts of a request.
 ///
 /// `S` sends signed requests: in production `auth::Signing<transport::HttpService>` (the
 /// signing layer over the one transport). Each attempt builds a fresh request (new
@@ -43,11 +43,13 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 /// # -> Result<(), oci_csi_vault::VaultError> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use oci_csi_vault::{RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient};
+/// use oci_csi_vault::{
+///     RetryLayer, RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient,
+/// };
 /// use tower::{Layer as _, ServiceExt as _};
 ///
 /// let signed = auth::SigningLayer::new(Arc::new(clock::SystemClock)).layer(http);
-/// let client = VaultClient::new(signed, RetryPolicy::default());
+/// let client = RetryLayer::new(RetryPolicy::default()).layer(VaultClient::new(signed));
 /// let bundle = client
 ///     .oneshot(SecretRequest {
 ///         base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
@@ -63,138 +65,27 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 #[derive(Clone)]
 pub struct VaultClient<S> {
     http: S,
-    retry: RetryPolicy,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
-    retries: Arc<Retries>,
-}
-
-/// Retries made by a client (and its clones), by reason, and the calls that failed after
-/// their retries, by the reason of the last failure.
-#[derive(Debug, Default)]
-pub struct Retries {
-    counts: [AtomicU64; RetryReason::ALL.len()],
-    gave_up: [AtomicU64; RetryReason::ALL.len()],
-}
-
-/// Why an attempt was retried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RetryReason {
-    /// 429 TooManyRequests.
-    Throttled,
-    /// 500, 502, 503, 504 (and 501 unless `MethodNotImplemented`).
-    ServerError,
-    /// 409 `IncorrectState`.
-    Conflict,
-    /// No connection could be made.
-    Connect,
-    /// The exchange timed out.
-    Timeout,
-    /// The connection broke mid-exchange.
-    Io,
-    /// A token exchange failed transiently (proxymux or federation unavailable).
-    Credentials,
-}
-
-impl RetryReason {
-    /// Every reason, in a fixed order.
-    pub const ALL: [RetryReason; 7] = [
-        RetryReason::Throttled,
-        RetryReason::ServerError,
-        RetryReason::Conflict,
-        RetryReason::Connect,
-        RetryReason::Timeout,
-        RetryReason::Io,
-        RetryReason::Credentials,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RetryReason::Throttled => "throttled",
-            RetryReason::ServerError => "server_error",
-            RetryReason::Conflict => "conflict",
-            RetryReason::Connect => "connect",
-            RetryReason::Timeout => "timeout",
-            RetryReason::Io => "io",
-            RetryReason::Credentials => "credentials",
-        }
-    }
-
-    fn of(error: &VaultError) -> Self {
-        match error {
-            VaultError::Status { oci, .. } if oci.status == 429 => RetryReason::Throttled,
-            VaultError::Status { oci, .. } if oci.status == 409 => RetryReason::Conflict,
-            VaultError::Status { .. } => RetryReason::ServerError,
-            VaultError::Transport { source, .. } => match source.kind() {
-                transport::ErrorKind::Connect => RetryReason::Connect,
-                transport::ErrorKind::Timeout => RetryReason::Timeout,
-                _ => RetryReason::Io,
-            },
-            _ => RetryReason::Credentials,
-        }
-    }
-}
-
-impl Retries {
-    /// Retries so far, by reason.
-    pub fn snapshot(&self) -> Vec<(RetryReason, u64)> {
-        Self::read(&self.counts)
-    }
-
-    /// Calls that failed after retrying, by the reason of their last failure: `throttled`
-    /// is a 429 the retries did not outlast.
-    pub fn gave_up_snapshot(&self) -> Vec<(RetryReason, u64)> {
-        Self::read(&self.gave_up)
-    }
-
-    fn read(counts: &[AtomicU64; RetryReason::ALL.len()]) -> Vec<(RetryReason, u64)> {
-        RetryReason::ALL
-            .iter()
-            .zip(counts)
-            .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
-            .collect()
-    }
-
-    fn count(&self, reason: RetryReason) {
-        Self::add(&self.counts, reason);
-    }
-
-    fn count_gave_up(&self, reason: RetryReason) {
-        Self::add(&self.gave_up, reason);
-    }
-
-    fn add(counts: &[AtomicU64; RetryReason::ALL.len()], reason: RetryReason) {
-        if let Some(i) = RetryReason::ALL.iter().position(|r| *r == reason) {
-            counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 impl<S> fmt::Debug for VaultClient<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VaultClient")
-            .field("retry", &self.retry)
             .field("user_agent", &self.user_agent)
+            .field("max_body_bytes", &self.max_body_bytes)
             .finish_non_exhaustive()
     }
 }
 
 impl<S> VaultClient<S> {
-    /// A client sending through `http` (which must sign) with this retry policy.
-    pub fn new(http: S, retry: RetryPolicy) -> Self {
+    /// A client sending through `http` (which must sign).
+    pub fn new(http: S) -> Self {
         Self {
             http,
-            retry,
             user_agent: HeaderValue::from_static(DEFAULT_USER_AGENT),
             max_body_bytes: None,
-            retries: Arc::new(Retries::default()),
         }
-    }
-
-    /// The retries this client and its clones made, by reason (for metrics).
-    pub fn retries(&self) -> Arc<Retries> {
-        Arc::clone(&self.retries)
     }
 
     /// Reads at most `bytes` of each answer (a [`transport::MaxBodyBytes`] extension on
@@ -212,27 +103,70 @@ impl<S> VaultClient<S> {
         }
         self
     }
+}
 
-    /// The retry policy.
-    pub fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
+/// One attempt of a request, as [`crate::Retry`] sends it to the client: the request, the
+/// attempt's number (from 1) and whether the caller retries failures (OCI's
+/// `opc-client-retries` header says so).
+#[derive(Debug)]
+pub struct Attempt<R> {
+    /// The request, shared by its attempts.
+    pub request: Arc<R>,
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// Whether a failure of this attempt may be retried.
+    pub retries: bool,
+}
+
+impl<R> Attempt<R> {
+    /// The only attempt of `request`: number 1, not retried.
+    pub fn once(request: R) -> Self {
+        Self {
+            request: Arc::new(request),
+            number: 1,
+            retries: false,
+        }
     }
 }
 
-/// A request the client sends: where, as whom, by when, and how its answer parses. The
-/// Secrets and the Certificates APIs share everything else (signing, retries, errors).
-pub(crate) trait Call: Send + 'static {
+impl<R> Clone for Attempt<R> {
+    fn clone(&self) -> Self {
+        Self {
+            request: Arc::clone(&self.request),
+            number: self.number,
+            retries: self.retries,
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::SecretRequest {}
+    impl Sealed for crate::CertificateRequest {}
+}
+
+/// A request of the Secrets or the Certificates API (sealed): where, as whom, by when, and
+/// how its answer parses. The two APIs share everything else (signing, retries, errors).
+pub trait Call: sealed::Sealed + Send + Sync + 'static {
+    /// What a successful answer is.
     type Answer: Send + 'static;
     /// Which API the call is to, as logs name it.
     const API: &'static str;
+    /// When the request must be over, retries included.
     fn deadline(&self) -> Instant;
+    /// As whom (names only).
     fn identity(&self) -> auth::Identity;
+    /// The session it is signed with.
     fn session(&self) -> &auth::Session;
+    /// What is asked for, as errors and logs name it.
     fn describe(&self) -> String;
     /// The IAM grant a 404 names.
     fn grant(&self) -> &'static str;
+    /// Where the API is.
     fn base_url(&self) -> &str;
+    /// The HTTP method and URI (spec 2.2, 2.3).
     fn method_and_uri(&self) -> (http::Method, String);
+    /// The answer of a successful response.
     fn parse(
         &self,
         body: &[u8],
@@ -301,161 +235,75 @@ impl Call for CertificateRequest {
     }
 }
 
-impl<S> VaultClient<S> {
-    fn fetch<R: Call>(&self, request: R) -> Fetch<S, R>
-    where
-        S: Clone,
-    {
-        Fetch {
+/// What errors say a request was: the secret or certificate, the principal and the IAM grant
+/// a 404 names.
+pub(crate) fn subject<R: Call>(request: &R) -> Box<Subject> {
+    Box::new(Subject {
+        secret: request.describe(),
+        principal: request.identity(),
+        grant: request.grant(),
+    })
+}
+
+impl<S, E, R> Service<Attempt<R>> for VaultClient<S>
+where
+    R: Call,
+    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    type Response = R::Answer;
+    type Error = VaultError;
+    type Future = Pin<Box<dyn Future<Output = Result<R::Answer, VaultError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), VaultError>> {
+        // Each attempt drives its own clone of the inner service to readiness within the
+        // request's deadline (the signing layer below may exchange a token first), so the
+        // client itself is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, attempt: Attempt<R>) -> Self::Future {
+        let exchange = Exchange {
             http: self.http.clone(),
-            retry: self.retry.clone(),
             user_agent: self.user_agent.clone(),
             max_body_bytes: self.max_body_bytes,
-            retries: Arc::clone(&self.retries),
-            secret: request.describe(),
-            request,
-        }
+            attempt,
+        };
+        Box::pin(exchange.run())
     }
 }
 
-impl<S, E> Service<CertificateRequest> for VaultClient<S>
-where
-    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    E: Into<BoxError> + 'static,
-{
-    type Response = CertificateBundle;
-    type Error = VaultError;
-    type Future = Pin<Box<dyn Future<Output = Result<CertificateBundle, VaultError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), VaultError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: CertificateRequest) -> Self::Future {
-        Box::pin(self.fetch(request).run())
-    }
-}
-
-impl<S, E> Service<SecretRequest> for VaultClient<S>
-where
-    S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    E: Into<BoxError> + 'static,
-{
-    type Response = SecretBundle;
-    type Error = VaultError;
-    type Future = Pin<Box<dyn Future<Output = Result<SecretBundle, VaultError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), VaultError>> {
-        // Each call drives its own clone of the inner service to readiness before every
-        // attempt, so the client itself is always ready.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: SecretRequest) -> Self::Future {
-        Box::pin(self.fetch(request).run())
-    }
-}
-
-/// One fetch in progress.
-struct Fetch<S, R> {
+/// One attempt in progress.
+struct Exchange<S, R> {
     http: S,
-    retry: RetryPolicy,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
-    retries: Arc<Retries>,
-    secret: String,
-    request: R,
+    attempt: Attempt<R>,
 }
 
-impl<S, E, R: Call> Fetch<S, R>
+impl<S, E, R: Call> Exchange<S, R>
 where
     S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
     S::Future: Send + 'static,
     E: Into<BoxError> + 'static,
 {
-    async fn run(mut self) -> Result<R::Answer, VaultError> {
-        let deadline = self.request.deadline();
-        let max_attempts = self.retry.max_attempts.max(1);
-        let mut attempts = 0u32;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(VaultError::DeadlineExceeded {
-                    subject: self.subject(),
-                    attempts,
-                });
-            }
-            attempts += 1;
-            let error = match self.attempt(attempts, max_attempts).await {
-                Ok(bundle) => return Ok(bundle),
-                Err(error) => error,
-            };
-            let now = Instant::now();
-            if !error.is_retryable() || (now >= deadline && attempts == 1) {
-                return Err(error);
-            }
-            if attempts >= max_attempts {
-                return Err(self.give_up(attempts, Stopped::MaxAttempts, error));
-            }
-            let retry_after = error.retry_after_secs().map(Duration::from_secs);
-            let delay = self.retry.delay(attempts, retry_after, unit_random());
-            // A Retry-After near u64::MAX seconds cannot be added to a clock: it is past
-            // any deadline.
-            if now.checked_add(delay).is_none_or(|at| at >= deadline) {
-                return Err(self.give_up(attempts, Stopped::Deadline, error));
-            }
-            tracing::debug!(
-                secret = %self.secret,
-                principal = %self.request.identity(),
-                attempt = attempts,
-                error = %crate::ErrorChain(&error),
-                delay_ms = delay.as_millis() as u64,
-                api = R::API,
-                "retrying OCI call"
-            );
-            self.retries.count(RetryReason::of(&error));
-            // No answer is held while sleeping: the caller's reservation goes back meanwhile.
-            crate::backoff::pausing();
-            tokio::time::sleep(delay).await;
-            if !crate::backoff::resuming() {
-                return Err(VaultError::BudgetFull {
-                    subject: self.subject(),
-                    last: Box::new(error),
-                });
-            }
-        }
-    }
-
     fn subject(&self) -> Box<Subject> {
-        Box::new(Subject {
-            secret: self.secret.clone(),
-            principal: self.request.identity(),
-            grant: self.request.grant(),
-        })
+        subject(&*self.attempt.request)
     }
 
-    fn give_up(&self, attempts: u32, stopped: Stopped, last: VaultError) -> VaultError {
-        self.retries.count_gave_up(RetryReason::of(&last));
-        tracing::debug!(
-            secret = %self.secret,
-            principal = %self.request.identity(),
-            attempts,
-            ?stopped,
-            "giving up on OCI secrets call"
-        );
-        VaultError::Exhausted {
-            attempts,
-            stopped,
-            last: Box::new(last),
+    async fn run(mut self) -> Result<R::Answer, VaultError> {
+        let attempt = self.attempt.number;
+        let deadline = self.attempt.request.deadline();
+        if Instant::now() >= deadline {
+            return Err(VaultError::DeadlineExceeded {
+                subject: self.subject(),
+                attempts: attempt - 1,
+            });
         }
-    }
-
-    async fn attempt(&mut self, attempt: u32, max_attempts: u32) -> Result<R::Answer, VaultError> {
         let request_id = new_request_id();
-        let http_request = self.build(request_id.as_deref(), max_attempts > 1)?;
+        let http_request = self.build(request_id.as_deref())?;
         let method = http_request.method().clone();
-        let deadline = self.request.deadline();
         // The transport bounds the exchange by the deadline; this outer bound also covers
         // the signing layer, which may have to exchange a token first.
         let exchange = async {
@@ -480,16 +328,17 @@ where
             .map(str::to_owned)
             .or(request_id);
         tracing::debug!(
-            secret = %self.secret,
-            principal = %self.request.identity(),
+            secret = %self.attempt.request.describe(),
+            principal = %self.attempt.request.identity(),
             %method,
             attempt,
             status = status.as_u16(),
             opc_request_id = opc_request_id.as_deref().unwrap_or(""),
-            "OCI secrets call answered"
+            "OCI call answered"
         );
         if status.is_success() {
             return self
+                .attempt
                 .request
                 .parse(response.body(), opc_request_id.clone())
                 .map_err(|reason| VaultError::Malformed {
@@ -514,8 +363,9 @@ where
     }
 
     /// The HTTP request of one attempt (spec 2.4).
-    fn build(&self, request_id: Option<&str>, retries: bool) -> Result<Request<Bytes>, VaultError> {
-        let (method, uri) = self.request.method_and_uri();
+    fn build(&self, request_id: Option<&str>) -> Result<Request<Bytes>, VaultError> {
+        let request = &self.attempt.request;
+        let (method, uri) = request.method_and_uri();
         let mut builder = Request::builder()
             .method(method)
             .uri(uri)
@@ -524,10 +374,14 @@ where
             .header(USER_AGENT, self.user_agent.clone())
             .header(
                 OPC_CLIENT_RETRIES,
-                HeaderValue::from_static(if retries { "true" } else { "false" }),
+                HeaderValue::from_static(if self.attempt.retries {
+                    "true"
+                } else {
+                    "false"
+                }),
             )
-            .extension(self.request.session().clone())
-            .extension(transport::Deadline(self.request.deadline()));
+            .extension(request.session().clone())
+            .extension(transport::Deadline(request.deadline()));
         if let Some(id) = request_id {
             builder = builder.header(OPC_REQUEST_ID, id);
         }
@@ -538,7 +392,7 @@ where
             .body(Bytes::new())
             .map_err(|e| VaultError::InvalidRequest {
                 subject: self.subject(),
-                reason: format!("{e} (base URL {:?})", self.request.base_url()),
+                reason: format!("{e} (base URL {:?})", request.base_url()),
             })
     }
 }
@@ -555,13 +409,17 @@ fn new_request_id() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     use auth::Identity;
     use tower::service_fn;
 
+    use tower::Layer as _;
+
     use super::*;
     use crate::error::ErrorKind;
     use crate::request::{SecretRef, Selector, Stage};
+    use crate::{Retry, RetryLayer, RetryPolicy, RetryReason, Stopped};
 
     const BUNDLE: &str = r#"{"secretId":"ocid1.vaultsecret.oc1..s","versionNumber":1,
         "secretBundleContent":{"contentType":"BASE64","content":"aGk="},"stages":["CURRENT"]}"#;
@@ -604,8 +462,8 @@ mod tests {
             }
         }
 
-        fn client(&self, retry: RetryPolicy) -> VaultClient<Script> {
-            VaultClient::new(self.clone(), retry)
+        fn client(&self, retry: RetryPolicy) -> Retry<VaultClient<Script>> {
+            RetryLayer::new(retry).layer(VaultClient::new(self.clone()))
         }
 
         fn times(&self) -> Vec<Instant> {
@@ -1031,7 +889,9 @@ mod tests {
     type Boxed = tower::util::BoxCloneSyncService<Request<Bytes>, Response<Bytes>, BoxError>;
 
     /// A client whose signer always fails with `error`, and a count of its calls.
-    fn failing_signer(error: fn() -> auth::AuthError) -> (VaultClient<Boxed>, Arc<Mutex<u32>>) {
+    fn failing_signer(
+        error: fn() -> auth::AuthError,
+    ) -> (Retry<VaultClient<Boxed>>, Arc<Mutex<u32>>) {
         let calls = Arc::new(Mutex::new(0));
         let counter = calls.clone();
         let service =
@@ -1039,7 +899,10 @@ mod tests {
                 *counter.lock().unwrap() += 1;
                 async move { Err::<Response<Bytes>, BoxError>(Box::new(error())) }
             }));
-        (VaultClient::new(service, no_jitter()), calls)
+        (
+            RetryLayer::new(no_jitter()).layer(VaultClient::new(service)),
+            calls,
+        )
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,8 @@
 //! The OCI Secrets API client (spec section 2) as a tower service.
 //!
-//! [`VaultClient`] turns a [`SecretRequest`] (which secret, which version, as which
-//! [`auth::Identity`], from which endpoint, by when) into a [`SecretBundle`]:
+//! [`VaultClient`] turns an [`Attempt`] of a [`SecretRequest`] (which secret, which version,
+//! as which [`auth::Identity`], from which endpoint, by when) into a [`SecretBundle`], and
+//! [`RetryLayer`] above it makes the attempts of a request:
 //!
 //! - GetSecretBundleByName (`POST .../secretbundles/actions/getByName`, parameters in the
 //!   query, empty body) or GetSecretBundle (`GET .../secretbundles/{secretId}`), with a
@@ -32,11 +33,11 @@ mod tls;
 pub use backoff::{Backoff, with_backoff};
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
-pub use client::{DEFAULT_USER_AGENT, Retries, RetryReason, VaultClient};
+pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{BundleKey, BundleType, Service};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
-pub use retry::RetryPolicy;
+pub use retry::{Retries, Retry, RetryLayer, RetryPolicy, RetryReason};
 pub use tls::{TlsError, TlsFiles, unix};
 
 /// The README's example, compiled as a doc test.

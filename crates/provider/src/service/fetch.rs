@@ -2,14 +2,11 @@
 //! concurrently under the fan-out, failing over where the class says.
 
 use super::*;
-use crate::endpoints::RegionEndpoints;
 
 impl<A, V, C> OciMount<A, V, C>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
+    V: SecretsService,
     C: crate::certificates::CertificateService,
 {
     /// The certificate entries, fetched concurrently (bounded by the fan-out) with the
@@ -98,11 +95,9 @@ where
                     error.kind = tracing::field::Empty,
                 );
                 let fetch = SecretFetch {
-                    vault: self.vault.clone(),
+                    secrets: self.secrets.clone(),
                     mount: mount.clone(),
                     permits: permits.clone(),
-                    stats: self.config.served.clone(),
-                    path: spec.path.clone(),
                     span: span.clone(),
                 };
                 let fetched = fetch.run(primary, failover);
@@ -171,12 +166,12 @@ impl Collected {
     fn take(
         &mut self,
         index: usize,
-        fetched: Fetched,
+        fetched: EntryAnswer,
         params: &MountParameters,
         max_total_bytes: usize,
     ) -> Result<bool, MountError> {
         match fetched {
-            Fetched::Bundle(bundle, lookup, reservation, over) => {
+            EntryAnswer::Bundle(bundle, lookup, reservation, over) => {
                 if lookup.is_shared() {
                     self.shared.push((index, lookup));
                 }
@@ -187,12 +182,12 @@ impl Collected {
                 }
                 Ok(false)
             }
-            Fetched::MountOver => Err(too_large(params, &self.bundles, max_total_bytes)),
-            Fetched::Refused(refusal) => Err(MountError::new(
+            EntryAnswer::MountOver => Err(too_large(params, &self.bundles, max_total_bytes)),
+            EntryAnswer::Refused(refusal) => Err(MountError::new(
                 ErrorKind::ResourceExhausted,
                 refusal.to_string(),
             )),
-            Fetched::Failed(err) => {
+            EntryAnswer::Failed(err) => {
                 let permanent = !err.is_retryable();
                 self.failures.push((index, err));
                 Ok(permanent)
@@ -209,10 +204,7 @@ fn secret_requests(
     established: &auth::Established,
     targets: &Targets,
     deadline: tokio::time::Instant,
-) -> (
-    vault::SecretRequest,
-    Option<(RegionEndpoints, vault::SecretRequest)>,
-) {
+) -> (vault::SecretRequest, Option<(String, vault::SecretRequest)>) {
     let request = |base_url: &str, source: &SecretSource, deadline| vault::SecretRequest {
         base_url: base_url.to_owned(),
         session: established.session.clone(),
@@ -232,7 +224,10 @@ fn secret_requests(
         .failover
         .as_ref()
         .zip(spec.failover.as_ref())
-        .map(|(target, source)| (target.clone(), request(&target.secrets, source, deadline)));
+        .map(|(target, source)| {
+            let again = request(&target.secrets, source, deadline);
+            (target.name().to_owned(), again)
+        });
     let primary_deadline = match failover {
         Some(_) => {
             let now = tokio::time::Instant::now();
@@ -254,7 +249,7 @@ type CertificateFiles = (Vec<File>, ObjectVersion, Option<Reservation>);
 /// budget, the private key through the gate of tenant keys, then its files; what happened
 /// goes into its span.
 struct CertificateFetch<'a, C> {
-    certificates: Budgeted<C>,
+    certificates: C,
     mount: Arc<MountBytes>,
     permits: Arc<Semaphore>,
     keys: auth::TenantKeys,
@@ -271,7 +266,11 @@ impl<C: crate::certificates::CertificateService> CertificateFetch<'_, C> {
         call: vault::CertificateRequest,
     ) -> Result<CertificateFiles, MountError> {
         let _permit = self.permits.acquire_owned().await;
-        let held = match self.certificates.fetch(&self.mount, call).await {
+        let held = match self
+            .certificates
+            .oneshot(Metered::new(call, &self.mount))
+            .await
+        {
             Ok(held) => held,
             Err(refused) => {
                 let failed = |err: &vault::VaultError| {
@@ -281,15 +280,16 @@ impl<C: crate::certificates::CertificateService> CertificateFetch<'_, C> {
                 return Err(refused_error(refused, failed, &self.mount));
             }
         };
-        if let Some(id) = &held.value.opc_request_id {
+        let (bundle, reservation, over) = held.into_parts();
+        if let Some(id) = &bundle.opc_request_id {
             self.span.record("oci.request_id", id.as_str());
         }
-        if held.over {
+        if over {
             return Err(over_limit(&self.mount, spec));
         }
         let key = crate::certificates::private_key(
             spec,
-            &held.value,
+            &bundle,
             &self.keys,
             &self.namespace,
             self.request.deadline,
@@ -297,84 +297,55 @@ impl<C: crate::certificates::CertificateService> CertificateFetch<'_, C> {
         .await?;
         let (files, version) = crate::certificates::files(
             spec,
-            &held.value,
+            &bundle,
             key.as_ref(),
             self.request.file_mode,
             &self.expiry,
             &self.namespace,
         )?;
-        Ok((files, version, held.reservation))
+        Ok((files, version, reservation))
     }
 }
 
-/// One secret entry's fetch: a fan-out permit, the primary region through the byte
-/// budget, the failover region if the primary failed in a way that fails over; what
-/// happened goes into its span.
+/// One secret entry's fetch: a fan-out permit, then the entry through the Secrets fetch
+/// stack (its primary region, its failover region if the primary fails over, within the
+/// byte bounds); what happened goes into its span.
 struct SecretFetch<V> {
-    vault: Budgeted<V>,
+    secrets: V,
     mount: Arc<MountBytes>,
     permits: Arc<Semaphore>,
-    stats: Arc<RegionStats>,
-    path: csi_grpc::FilePath,
     span: tracing::Span,
 }
 
-impl<V> SecretFetch<V>
-where
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
-{
+impl<V: SecretsService> SecretFetch<V> {
     async fn run(
         self,
         primary: vault::SecretRequest,
-        failover: Option<(RegionEndpoints, vault::SecretRequest)>,
-    ) -> Fetched {
+        failover: Option<(String, vault::SecretRequest)>,
+    ) -> EntryAnswer {
         let _permit = self.permits.acquire_owned().await;
-        let answer = match self.vault.fetch(&self.mount, primary).await {
-            Err(Refused::Failed(err)) if failover.is_some() && fails_over(&err) => {
-                let Some((target, again)) = failover else {
-                    return Fetched::Failed(err);
-                };
-                tracing::warn!(
-                    secret = %self.path,
-                    region = %target.name(),
-                    error = %chain(&err),
-                    "the primary region failed; reading the failover region"
-                );
-                self.span.record("region", "failover");
-                let answer = self.vault.fetch(&self.mount, again).await;
-                if answer.is_ok() {
-                    self.stats.failover.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(secret = %self.path, region = %target.name(), "served by the failover region");
-                }
-                answer
-            }
-            answer => {
-                self.span.record("region", "primary");
-                if answer.is_ok() {
-                    self.stats.primary.fetch_add(1, Ordering::Relaxed);
-                }
-                answer
-            }
+        let request = WithFailover {
+            primary: Metered::new(primary, &self.mount),
+            failover: failover.map(|(region, again)| (region, Metered::new(again, &self.mount))),
         };
-        match answer {
-            Ok(held) => {
-                let (bundle, lookup) = held.value.into_parts();
+        match self.secrets.oneshot(request).await {
+            Ok((held, _served)) => {
+                let (answer, reservation, over) = held.into_parts();
+                let (bundle, lookup) = answer.into_parts();
                 self.span.record("lookup", lookup.as_str());
                 if let Some(id) = &bundle.opc_request_id {
                     self.span.record("oci.request_id", id.as_str());
                 }
-                Fetched::Bundle(bundle, lookup, held.reservation, held.over)
+                EntryAnswer::Bundle(bundle, lookup, reservation, over)
             }
-            Err(Refused::Budget(refusal)) => Fetched::Refused(refusal),
-            Err(Refused::MountOver) => Fetched::MountOver,
+            Err(Refused::Budget(refusal)) => EntryAnswer::Refused(refusal),
+            Err(Refused::MountOver) => EntryAnswer::MountOver,
             Err(Refused::Failed(err)) => {
                 self.span.record("error.kind", vault_kind(&err).as_str());
                 if let Some(id) = err.opc_request_id() {
                     self.span.record("oci.request_id", id);
                 }
-                Fetched::Failed(err)
+                EntryAnswer::Failed(err)
             }
         }
     }
@@ -410,8 +381,8 @@ pub(super) fn log_shared(
     );
 }
 
-/// What one fetch gave.
-pub(super) enum Fetched {
+/// What one entry's fetch gave.
+pub(super) enum EntryAnswer {
     /// The bundle, how it was looked up, its bytes in the budget, and whether it brought
     /// the mount past its size limit.
     Bundle(

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use csi_grpc::{
@@ -25,10 +24,10 @@ mod targets;
 use failure::*;
 pub(crate) use failure::{chain, grpc_kind};
 use files::*;
-pub use targets::RegionStats;
-use targets::{Targets, endpoint_error, fails_over};
+use targets::{Targets, endpoint_error};
 
-use crate::budget::{Budgeted, ByteBudget, MountBytes, Refused, Reservation};
+use crate::budget::{Held, Metered, MountBytes, Refused, Reservation};
+use crate::failover::{ServedBy, WithFailover};
 use crate::params::{
     AuthSpec, Encoding, MountParameters, SecretSource, SecretSpec, VersionSelector,
 };
@@ -85,6 +84,46 @@ impl BundleResponse for cache::Cached<vault::SecretBundle> {
     }
 }
 
+/// What the mount service needs of the Secrets fetch service: an entry's request to its
+/// primary region (and failover region) in, within the mount's byte bounds
+/// ([`crate::BudgetLayer`] under [`crate::FailoverLayer`]), the bundle held in the budget
+/// and the region that served it out. Every such service implements it.
+pub trait SecretsService:
+    Service<
+        WithFailover<Metered<vault::SecretRequest>>,
+        Response = (Held<<Self as SecretsService>::Bundle>, ServedBy),
+        Error = Refused<vault::VaultError>,
+        Future = <Self as SecretsService>::SecretsFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The bundle (and how it was looked up).
+    type Bundle: BundleResponse;
+    /// The service's future.
+    type SecretsFuture: Future<Output = Result<(Held<Self::Bundle>, ServedBy), Refused<vault::VaultError>>>
+        + Send
+        + 'static;
+}
+
+impl<V, B> SecretsService for V
+where
+    V: Service<
+            WithFailover<Metered<vault::SecretRequest>>,
+            Response = (Held<B>, ServedBy),
+            Error = Refused<vault::VaultError>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    V::Future: Send + 'static,
+    B: BundleResponse,
+{
+    type Bundle = B;
+    type SecretsFuture = V::Future;
+}
+
 /// Bounds of one mount.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -97,16 +136,9 @@ pub struct MountConfig {
     pub max_secrets: usize,
     /// Most files a mount writes, every kind counted; the parser stops there.
     pub max_files: usize,
-    /// The process-wide budget of bytes held by mounts in flight; `None`: unbounded.
-    pub budget: Option<ByteBudget>,
-    /// What each fetch reserves from the budget before it starts: the Secrets client's
-    /// body limit (bodies are buffered whole).
-    pub fetch_reserve_bytes: usize,
     /// Where calls go: the principal's region, or the `region` / `failoverRegion` a class
     /// names, as URLs.
     pub endpoints: Arc<crate::endpoints::Endpoints>,
-    /// Counts which region served each entry.
-    pub served: Arc<RegionStats>,
     /// The `notAfter` of the certificates mounted lately (the expiry gauge).
     pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
     /// Regions (ids or short codes) a SecretProviderClass may name in `region` /
@@ -128,10 +160,7 @@ impl Default for MountConfig {
             max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
             max_secrets: crate::params::DEFAULT_MAX_SECRETS,
             max_files: crate::params::DEFAULT_MAX_FILES,
-            budget: None,
-            fetch_reserve_bytes: 256 * 1024,
             endpoints: Arc::default(),
-            served: Arc::new(RegionStats::default()),
             certificate_expiry: Arc::default(),
             tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
             allowed_types: crate::params::AuthType::ALL.to_vec(),
@@ -140,14 +169,14 @@ impl Default for MountConfig {
     }
 }
 
-/// The OCI mount service that `csi-grpc` calls: parameters, identity, then the secrets
+/// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
 /// fetched concurrently (bounded), all or nothing.
-pub struct OciMount<A, V, C = crate::certificates::NoCertificates> {
+pub struct OciMount<A, V, C> {
     auth: A,
-    // Every upstream fetch passes through the byte budget: the fetch services are held
-    // only behind `Budgeted`, which has no way around it.
-    vault: Budgeted<V>,
-    certificates: Budgeted<C>,
+    // The fetch services answer `Held`, which only the byte budget's layer makes: every
+    // fetch passes through it.
+    secrets: V,
+    certificates: C,
     config: Arc<MountConfig>,
 }
 
@@ -155,7 +184,7 @@ impl<A: Clone, V: Clone, C: Clone> Clone for OciMount<A, V, C> {
     fn clone(&self) -> Self {
         Self {
             auth: self.auth.clone(),
-            vault: self.vault.clone(),
+            secrets: self.secrets.clone(),
             certificates: self.certificates.clone(),
             config: self.config.clone(),
         }
@@ -170,21 +199,16 @@ impl<A, V, C> fmt::Debug for OciMount<A, V, C> {
     }
 }
 
-impl<A, V> OciMount<A, V>
-where
-    A: IdentityService,
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
-{
+impl<A, V, C> OciMount<A, V, C> {
     /// A mount service establishing identities with `auth` (a tower service, usually
-    /// `auth::Principals`) and fetching through `vault`; certificate entries are refused
-    /// until [`OciMount::with_certificates`] gives it a Certificates client.
-    pub fn new(auth: A, vault: V, config: MountConfig) -> Self {
+    /// `auth::Principals`), reading secret entries through `secrets` and certificate
+    /// entries through `certificates` (the byte budget's layer over the fetch stacks; a
+    /// `NoCertificates` under it refuses certificate entries).
+    pub fn new(auth: A, secrets: V, certificates: C, config: MountConfig) -> Self {
         Self {
             auth,
-            vault: Budgeted::new(vault),
-            certificates: Budgeted::new(crate::certificates::NoCertificates),
+            secrets,
+            certificates,
             config: Arc::new(config),
         }
     }
@@ -193,22 +217,9 @@ where
 impl<A, V, C> OciMount<A, V, C>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
+    V: SecretsService,
     C: crate::certificates::CertificateService,
 {
-    /// The same service reading certificate entries through `certificates` (a
-    /// `vault::VaultClient`: the same signing and transport as the Secrets API).
-    pub fn with_certificates<C2>(self, certificates: C2) -> OciMount<A, V, C2> {
-        OciMount {
-            auth: self.auth,
-            vault: self.vault,
-            certificates: Budgeted::new(certificates),
-            config: self.config,
-        }
-    }
-
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
     fn check_allowed_type(&self, auth_type: crate::params::AuthType) -> Result<(), MountError> {
         let allowed = &self.config.allowed_types;
@@ -255,9 +266,7 @@ where
         .map_err(auth_error)?;
         let targets = self.targets(&params, &established)?;
         let mount = MountBytes::new(
-            self.config.budget.clone(),
             request.pod.namespace.as_deref().unwrap_or(""),
-            self.config.fetch_reserve_bytes,
             self.config.max_total_bytes,
         );
         // The reservations are held until the answer is assembled and handed on.
@@ -325,9 +334,7 @@ fn identity_request(params: &MountParameters, request: &MountRequest) -> auth::I
 impl<A, V, C> Service<MountRequest> for OciMount<A, V, C>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
+    V: SecretsService,
     C: crate::certificates::CertificateService,
 {
     type Response = MountResponse;

@@ -7,9 +7,7 @@ use crate::endpoints::RegionEndpoints;
 impl<A, V, C> OciMount<A, V, C>
 where
     A: IdentityService,
-    V: Service<vault::SecretRequest, Error = vault::VaultError> + Clone + Send + Sync + 'static,
-    V::Response: BundleResponse,
-    V::Future: Send + 'static,
+    V: SecretsService,
     C: crate::certificates::CertificateService,
 {
     /// The primary region's endpoints (`region`, else the principal's) and the failover
@@ -104,24 +102,4 @@ pub(super) struct Targets {
     pub(super) primary: RegionEndpoints,
     /// The failover region, if the class names one.
     pub(super) failover: Option<RegionEndpoints>,
-}
-
-/// Whether a failure of the primary region sends the entry to the failover region: a
-/// connection error, 5xx, 429 after retries, a timeout; never 400, 401, 403 or 404.
-pub(super) fn fails_over(err: &vault::VaultError) -> bool {
-    matches!(
-        err.kind(),
-        auth::ErrorKind::Unavailable
-            | auth::ErrorKind::ResourceExhausted
-            | auth::ErrorKind::DeadlineExceeded
-    )
-}
-
-/// Entries served by the primary and by the failover region, since start.
-#[derive(Debug, Default)]
-pub struct RegionStats {
-    /// Served by the primary region.
-    pub primary: std::sync::atomic::AtomicU64,
-    /// Served by the failover region.
-    pub failover: std::sync::atomic::AtomicU64,
 }

@@ -9,12 +9,12 @@ use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheConfig, CacheLayer, CacheService};
 use clock::{ManualClock, SharedClock};
 use csi_grpc::{ErrorKind, MountError, MountRequest, MountResponse};
-use oci_csi_provider::{MountConfig, OciMount};
+use oci_csi_provider::MountConfig;
 use serde_json::json;
 use testkit::{Emulator, Endpoint, KubeSecretSeed, SecretSeed, Seed, UserSeed};
 use tower::{Layer as _, ServiceExt as _};
 use transport::{HttpService, Transport, TransportConfig};
-use vault::{BundleKey, RetryPolicy, SecretBundle, VaultClient};
+use vault::{BundleKey, Retry, RetryLayer, RetryPolicy, SecretBundle, VaultClient};
 
 const VAULT: &str = "ocid1.vault.oc1..cache";
 const SECRET_ID: &str = "ocid1.vaultsecret.oc1..db";
@@ -25,8 +25,8 @@ const USER_B: &str = "ocid1.user.oc1..bob";
 const TENANCY: &str = "ocid1.tenancy.oc1..cachetenancy";
 const WAIT: Duration = Duration::from_secs(20);
 
-type Bundles = CacheService<VaultClient<Signing<HttpService>>, BundleKey, SecretBundle>;
-type Mount = OciMount<Principals, Bundles>;
+type Bundles = CacheService<Retry<VaultClient<Signing<HttpService>>>, BundleKey, SecretBundle>;
+type Mount = crate::fakes::Mount<Principals, Bundles>;
 
 struct Stack {
     emu: Emulator,
@@ -139,7 +139,7 @@ async fn stack(ttl: Duration) -> Stack {
     let http = Transport::new(transport).unwrap().service();
     let principals = Principals::new(config, http.clone(), shared.clone()).unwrap();
     let signed = SigningLayer::new(shared.clone()).layer(http);
-    let vault = VaultClient::new(signed, RetryPolicy::default());
+    let vault = RetryLayer::new(RetryPolicy::default()).layer(VaultClient::new(signed));
     let bundles = Cache::new(
         CacheConfig {
             ttl: Some(ttl),
@@ -148,9 +148,10 @@ async fn stack(ttl: Duration) -> Stack {
         shared,
     );
     let vault = CacheLayer::new(bundles.clone()).layer(vault);
-    let mount = OciMount::new(
+    let mount = crate::fakes::mount(
         principals,
         vault,
+        oci_csi_provider::NoCertificates,
         MountConfig {
             endpoints: Arc::new(crate::fakes::endpoints(
                 &emu.url(Endpoint::Secrets),
@@ -158,6 +159,7 @@ async fn stack(ttl: Duration) -> Stack {
             )),
             ..MountConfig::default()
         },
+        None,
     );
     Stack {
         emu,

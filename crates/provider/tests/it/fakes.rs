@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use oci_csi_provider::{MountConfig, OciMount};
+use oci_csi_provider::{
+    Budget, BudgetLayer, ByteBudget, Failover, FailoverLayer, MountConfig, NoCertificates, OciMount,
+};
+use tower::Layer as _;
 
 /// Establishes every request as the workload identity of its pod (in `region`, when set).
 #[derive(Clone, Debug, Default)]
@@ -200,8 +203,34 @@ impl tower::Service<vault::SecretRequest> for Vault {
     }
 }
 
-pub fn mount_service(vault: Vault) -> OciMount<Auth, Vault> {
-    OciMount::new(Auth::default(), vault, config())
+/// The mount service of these tests: the fetch services under the layers the binary puts
+/// over its fetch stacks (the failover region over the byte budget for secrets, the byte
+/// budget for certificates).
+pub type Mount<A, V, C = NoCertificates> = OciMount<A, Failover<Budget<V>>, Budget<C>>;
+
+/// What each fetch reserves from the budget: the binary's default body limit.
+pub const RESERVE: usize = 256 * 1024;
+
+/// `auth`, `vault` and `certificates` as a mount service, its fetches reserving [`RESERVE`]
+/// bytes of `budget` (when there is one).
+pub fn mount<A, V, C>(
+    auth: A,
+    vault: V,
+    certificates: C,
+    config: MountConfig,
+    budget: Option<ByteBudget>,
+) -> Mount<A, V, C> {
+    let budget = BudgetLayer::new(budget, RESERVE);
+    OciMount::new(
+        auth,
+        FailoverLayer::default().layer(budget.layer(vault)),
+        budget.layer(certificates),
+        config,
+    )
+}
+
+pub fn mount_service(vault: Vault) -> Mount<Auth, Vault> {
+    mount(Auth::default(), vault, NoCertificates, config(), None)
 }
 
 /// The mount bounds of these tests, with every call going to `https://secrets.example`

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountRequest, MountResponse};
-use oci_csi_provider::{MountConfig, OciMount};
+use oci_csi_provider::MountConfig;
 use serde_json::json;
 use tower::ServiceExt;
 
@@ -33,7 +33,7 @@ pub fn request(secrets: &str) -> MountRequest {
 }
 
 async fn mount(
-    service: OciMount<Auth, Vault>,
+    service: crate::fakes::Mount<Auth, Vault>,
     secrets: &str,
 ) -> Result<MountResponse, csi_grpc::MountError> {
     service.oneshot(request(secrets)).await
@@ -124,13 +124,15 @@ async fn one_secret_mounted_twice_gets_distinct_version_ids() {
 #[tokio::test]
 async fn fetches_run_concurrently_up_to_the_fan_out() {
     let vault = Vault::default();
-    let service = OciMount::new(
+    let service = crate::fakes::mount(
         Auth::default(),
         vault.clone(),
+        oci_csi_provider::NoCertificates,
         MountConfig {
             fan_out: 3,
             ..crate::fakes::config()
         },
+        None,
     );
     let secrets: String = (0..12).map(|i| format!("- name: s{i}\n")).collect();
     let response = mount(service, &secrets).await.unwrap();
@@ -254,13 +256,15 @@ async fn a_mount_larger_than_the_driver_accepts_is_resource_exhausted() {
             version: 1,
         },
     );
-    let service = OciMount::new(
+    let service = crate::fakes::mount(
         Auth::default(),
         vault,
+        oci_csi_provider::NoCertificates,
         MountConfig {
             max_total_bytes: 1024,
             ..crate::fakes::config()
         },
+        None,
     );
     let err = mount(service, "- name: big\n- name: small\n")
         .await

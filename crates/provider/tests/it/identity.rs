@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use oci_csi_provider::{MountConfig, OciMount};
+use oci_csi_provider::MountConfig;
 use tower::ServiceExt;
 
 use crate::fakes::Vault;
@@ -13,15 +13,17 @@ use crate::fanout::request;
 fn mount_service<I: oci_csi_provider::IdentityService>(
     identity: I,
     vault: Vault,
-) -> OciMount<I, Vault> {
+) -> crate::fakes::Mount<I, Vault> {
     let endpoints = crate::fakes::endpoints("https://secrets.mock", "https://certificates.mock");
-    OciMount::new(
+    crate::fakes::mount(
         identity,
         vault,
+        oci_csi_provider::NoCertificates,
         MountConfig {
             endpoints: std::sync::Arc::new(endpoints),
             ..MountConfig::default()
         },
+        None,
     )
 }
 

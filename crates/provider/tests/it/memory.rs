@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountError};
-use oci_csi_provider::{ByteBudget, MountConfig, MountParameters, OciMount};
+use oci_csi_provider::{ByteBudget, MountConfig, MountParameters};
 use tower::ServiceExt;
 
 use crate::fakes::{Auth, Behaviour, Vault};
@@ -25,7 +25,13 @@ async fn the_size_limit_fails_the_mount_as_soon_as_it_is_passed_and_cancels_the_
         .with("a", big(2 << 20))
         .with("b", big(2 << 20))
         .with("slow", Behaviour::Hang);
-    let service = OciMount::new(Auth::default(), vault.clone(), crate::fakes::config());
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault.clone(),
+        oci_csi_provider::NoCertificates,
+        crate::fakes::config(),
+        None,
+    );
     let err = service
         .oneshot(request("- name: a\n- name: b\n- name: slow\n"))
         .await
@@ -111,10 +117,15 @@ async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
         .with("b", big(100_000));
     let budget = ByteBudget::new(8 << 20);
     let config = MountConfig {
-        budget: Some(budget.clone()),
         ..crate::fakes::config()
     };
-    let service = OciMount::new(Auth::default(), vault, config);
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        config,
+        Some(budget.clone()),
+    );
     let mounts: Vec<_> = (0..300)
         .map(|_| {
             let service = service.clone();
@@ -161,11 +172,15 @@ async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
     let vault = Vault::default().with("a", big(1000));
     let budget = ByteBudget::new(1 << 20);
     let config = MountConfig {
-        budget: Some(budget.clone()),
-        fetch_reserve_bytes: 256 * 1024,
         ..crate::fakes::config()
     };
-    let service = OciMount::new(Auth::default(), vault, config);
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        config,
+        Some(budget.clone()),
+    );
     let response = service.oneshot(request("- name: a\n")).await.unwrap();
     assert_eq!(response.files[0].contents.len(), 1000);
     assert_eq!(budget.used(), 0);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use csi_grpc::ErrorKind;
 use futures_util::future::BoxFuture;
-use oci_csi_provider::{AuthType, ByteBudget, MountConfig, MountParameters, OciMount, ParseLimits};
+use oci_csi_provider::{AuthType, ByteBudget, MountConfig, MountParameters, ParseLimits};
 use serde_json::json;
 use tower::ServiceExt;
 
@@ -123,8 +123,13 @@ async fn a_certificate_key_asking_for_scrypt_n_2_20_is_refused_before_deriving_t
     )));
     let config = crate::fakes::config();
     let keys = config.tenant_keys.clone();
-    let service = OciMount::new(Auth::default(), Vault::default(), config)
-        .with_certificates(Certs::new(answer, None));
+    let service = crate::fakes::mount(
+        Auth::default(),
+        Vault::default(),
+        Certs::new(answer, None),
+        config,
+        None,
+    );
     let err = service
         .oneshot(request(
             "- certificateId: ocid1.certificate.oc1..web\n  privateKey: true\n",
@@ -151,11 +156,15 @@ async fn certificate_fetches_reserve_from_the_byte_budget_and_stop_at_the_mount_
     let budget = ByteBudget::new(32 << 20);
     let certs = Certs::new(bundle("ocid1.cabundle.oc1..ca", pem), Some(budget.clone()));
     let config = MountConfig {
-        budget: Some(budget.clone()),
         ..crate::fakes::config()
     };
-    let service =
-        OciMount::new(Auth::default(), Vault::default(), config).with_certificates(certs.clone());
+    let service = crate::fakes::mount(
+        Auth::default(),
+        Vault::default(),
+        certs.clone(),
+        config,
+        Some(budget.clone()),
+    );
     let mut yaml = String::new();
     for i in 0..256 {
         yaml.push_str(&format!(
@@ -186,11 +195,15 @@ async fn a_full_budget_refuses_certificate_fetches_as_it_refuses_secrets() {
         Some(budget.clone()),
     );
     let config = MountConfig {
-        budget: Some(budget.clone()),
         ..crate::fakes::config()
     };
-    let service =
-        OciMount::new(Auth::default(), Vault::default(), config).with_certificates(certs.clone());
+    let service = crate::fakes::mount(
+        Auth::default(),
+        Vault::default(),
+        certs.clone(),
+        config,
+        Some(budget.clone()),
+    );
     let err = service
         .oneshot(request("- caBundleId: ocid1.cabundle.oc1..ca\n"))
         .await
@@ -216,10 +229,15 @@ async fn one_namespace_cannot_take_the_whole_byte_budget() {
     let budget = ByteBudget::with_namespace_share(8 * reserve, 2 * reserve);
     let vault = Vault::default().with("slow", Behaviour::Hang);
     let config = MountConfig {
-        budget: Some(budget.clone()),
         ..crate::fakes::config()
     };
-    let service = OciMount::new(Auth::default(), vault, config);
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        config,
+        Some(budget.clone()),
+    );
     let stalled: Vec<_> = (0..6)
         .map(|_| tokio::spawn(service.clone().oneshot(request("- name: slow\n"))))
         .collect();
@@ -330,7 +348,13 @@ async fn key_extraction_checks_the_running_total_before_each_copy() {
         max_files: 1000,
         ..crate::fakes::config()
     };
-    let service = OciMount::new(Auth::default(), vault, config);
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        config,
+        None,
+    );
     let mut yaml = String::from("- name: doc\n  keys:\n");
     for i in 0..200 {
         yaml.push_str(&format!("  - key: big\n    fileName: f{i}\n"));
@@ -351,7 +375,13 @@ async fn a_keys_entry_that_is_not_json_or_yaml_names_the_secret_and_the_keys() {
             version: 1,
         },
     );
-    let service = OciMount::new(Auth::default(), vault, crate::fakes::config());
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        crate::fakes::config(),
+        None,
+    );
     let err = service
         .oneshot(request(
             "- name: doc\n  keys:\n  - key: user\n  - key: /db/password\n",
@@ -375,7 +405,13 @@ async fn an_auth_type_the_operator_switched_off_is_permission_denied_before_any_
         allowed_types: vec![AuthType::Workload, AuthType::User],
         ..crate::fakes::config()
     };
-    let service = OciMount::new(auth.clone(), vault.clone(), config);
+    let service = crate::fakes::mount(
+        auth.clone(),
+        vault.clone(),
+        oci_csi_provider::NoCertificates,
+        config,
+        None,
+    );
     let mut mount = request("- name: a\n");
     mount
         .attributes
@@ -407,13 +443,15 @@ async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_lis
             region: Some(regions::Regions::default().resolve("iad").unwrap()),
             ..Auth::default()
         };
-        OciMount::new(
+        crate::fakes::mount(
             in_ashburn,
             Vault::default(),
+            oci_csi_provider::NoCertificates,
             MountConfig {
                 allowed_regions,
                 ..crate::fakes::config()
             },
+            None,
         )
     };
     // Another realm than the principal's: refused before any call.

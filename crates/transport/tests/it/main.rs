@@ -11,6 +11,8 @@ use oci_csi_transport::{Deadline, ErrorKind, Proxy, Transport, TransportConfig};
 use testkit::{Emulator, Endpoint, Fault, Seed};
 use tower::{Service, ServiceExt};
 
+mod layers;
+
 async fn emulator() -> Emulator {
     Emulator::start(Seed::default(), Arc::new(SystemClock))
         .await

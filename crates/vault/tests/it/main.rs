@@ -9,8 +9,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use clock::SystemClock;
 use oci_csi_vault::{
-    CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, RetryPolicy, SecretBundle,
-    SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient, VaultError,
+    CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, Retry, RetryLayer, RetryPolicy,
+    SecretBundle, SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient, VaultError,
 };
 use testkit::{
     CaSeed, CertificateSeed, Emulator, Endpoint, Fault, KeyKind, Principal, SecretSeed, Seed,
@@ -19,6 +19,8 @@ use testkit::{
 use tokio::time::Instant;
 use tower::{Layer as _, ServiceExt as _};
 use transport::{HttpService, Transport, TransportConfig};
+
+mod retry;
 
 const TENANCY: &str = "ocid1.tenancy.oc1..aaaaaaaatesttenancy";
 const USER: &str = "ocid1.user.oc1..aaaaaaaatestuser";
@@ -56,7 +58,7 @@ fn user_credential() -> auth::Credential {
     }
 }
 
-type Client = VaultClient<Signing<HttpService>>;
+type Client = Retry<VaultClient<Signing<HttpService>>>;
 
 struct Fixture {
     emu: Emulator,
@@ -70,7 +72,7 @@ struct Fixture {
 
 fn client(transport: &Transport, retry: RetryPolicy) -> Client {
     let signed = SigningLayer::new(Arc::new(SystemClock)).layer(transport.service());
-    VaultClient::new(signed, retry)
+    RetryLayer::new(retry).layer(VaultClient::new(signed))
 }
 
 fn user_session(key: Arc<PrivateKey>, fingerprint: &str) -> Session {
