@@ -1,6 +1,12 @@
-//! Builds the stack of one process, in one place, bottom to top:
-//! transport -> signing (the session each request carries) -> vault -> bundle cache ->
-//! provider (identity, byte budget) -> the CSI gRPC service.
+//! Builds the stack of one process, in one place, bottom to top, one layer per concern:
+//!
+//! - the transport: the pool, then `HostLimitLayer`, `TimeoutLayer`, `ObserveLayer`;
+//! - the principals over it, and `SigningLayer` (each request signed with its session);
+//! - the fetch stacks over the signed `VaultClient`: `RetryLayer`, then for secrets
+//!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`;
+//! - `OciMount` (parameters, identity, fan-out of the entries, files);
+//! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `InFlightLimitLayer`, then the gRPC
+//!   service (`CsiProvider`: translation, response checks, the mount span and metrics).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +16,9 @@ use anyhow::Context as _;
 use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheLayer, CacheService};
 use clock::SharedClock;
+use csi_grpc::{
+    CatchPanic, CatchPanicLayer, DeadlineLayer, InFlightLimit, InFlightLimitLayer, WithinDeadline,
+};
 use provider::{
     Budget, BudgetLayer, ByteBudget, EndpointOverrides, Endpoints, Failover, FailoverLayer,
     MountConfig, OciMount, RegionStats,
@@ -37,8 +46,11 @@ pub(crate) type Secrets =
 /// client (not cached: a certificate's files are made from each answer).
 pub(crate) type Certificates = Budget<Retry<Client>>;
 
-/// The mount service the gRPC server calls.
+/// The mount service: identity, then the entries through the fetch stacks.
 pub(crate) type Mount = OciMount<Principals, Secrets, Certificates>;
+
+/// What the gRPC server calls: the mount service under the edge's layers.
+pub(crate) type Edge = InFlightLimit<WithinDeadline<CatchPanic<Mount>>>;
 
 /// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
 /// which this module binds to the transport.
@@ -51,7 +63,7 @@ pub struct Traces {
 /// Everything a running provider holds.
 pub(crate) struct Stack {
     /// The CSI gRPC service, ready to serve.
-    pub(crate) provider: csi_grpc::CsiProvider<Mount>,
+    pub(crate) provider: csi_grpc::CsiProvider<Edge>,
     /// What `/metrics` reports (the transport's hosts, the byte budget, the mounts).
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -216,7 +228,7 @@ pub(crate) fn build(
         mount_config,
     );
 
-    // 5. The CSI gRPC service, with its limits, reporting to the metrics.
+    // 5. What /metrics reads.
     let caches = crate::metrics::ScrapeSources {
         bundles,
         principals,
@@ -234,8 +246,15 @@ pub(crate) fn build(
         fetches.budget,
         caches,
     ));
-    let provider = csi_grpc::CsiProvider::new(mount, server_info(), (&config.server).into())
-        .with_observer(metrics.clone());
+    // 6. The edge: the bounds of every mount, then the gRPC translation.
+    let limits = csi_grpc::MountLimits::from(&config.server);
+    let edge = ServiceBuilder::new()
+        .layer(InFlightLimitLayer::new(&limits).with_observer(metrics.clone()))
+        .layer(DeadlineLayer)
+        .layer(CatchPanicLayer)
+        .service(mount);
+    let provider =
+        csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone());
     Ok(Stack { provider, metrics })
 }
 

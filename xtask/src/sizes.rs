@@ -16,7 +16,6 @@ const OVER: &[(&str, usize)] = &[
     ("bin/src/lib.rs:run", 88),
     ("bin/src/metrics/mod.rs:new", 82),
     ("crates/cache/src/lib.rs:get_or_fetch", 87),
-    ("crates/csi-grpc/src/server.rs:mount", 83),
     ("crates/h2-authority/src/reader.rs:process", 89),
 ];
 

@@ -11,8 +11,10 @@
 //! - validation of what the inner service answers ([`MountResponse`]): file paths that the
 //!   driver would accept, at least one object version, a bounded size;
 //! - mapping of a typed [`MountError`] to a gRPC status with a specific message;
-//! - a bound on in-flight mounts, panic containment, and the socket's life cycle
-//!   ([`Listener`], [`serve`]).
+//! - the bounds of every mount as layers around the inner service: mounts in flight with a
+//!   share per namespace ([`InFlightLimitLayer`]), the deadline ([`DeadlineLayer`]), panic
+//!   containment ([`CatchPanicLayer`]);
+//! - the socket's life cycle ([`Listener`], [`serve`]).
 //!
 //! The inner service is any `tower::Service<MountRequest, Response = MountResponse,
 //! Error = MountError>`; this crate knows nothing of any cloud.
@@ -20,6 +22,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+mod edge;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -40,11 +43,14 @@ pub mod proto {
     tonic::include_proto!("v1alpha1");
 }
 
+pub use edge::{
+    CatchPanic, CatchPanicLayer, DeadlineLayer, InFlightLimit, InFlightLimitLayer, WithinDeadline,
+};
 pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};
 pub use path::{FilePath, PathError, validate_file_set};
 pub use request::{
-    Caller, FileMode, MountRequest, ObjectVersion, Pod, SERVICE_ACCOUNT_TOKENS_KEY,
+    Caller, Deadline, FileMode, MountRequest, ObjectVersion, Pod, SERVICE_ACCOUNT_TOKENS_KEY,
     SYNC_CONTROLLER_TARGET_PATH, ServiceAccountToken, ServiceAccountTokens,
 };
 pub use response::{File, FileContents, MountResponse};

@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -48,8 +49,12 @@ pub struct MountRequest {
     pub file_mode: FileMode,
     /// Versions the driver currently has (drivers before v1.6 send them on rotation).
     pub current_object_versions: Vec<ObjectVersion>,
-    /// When the driver stops waiting: the request's `grpc-timeout`, capped by configuration.
+    /// When the mount service must be done: the time the caller granted, less a margin for
+    /// the answer to reach it ([`Deadline`]).
     pub deadline: Instant,
+    /// The time the caller granted: its `grpc-timeout` (or the default), capped by
+    /// configuration; for messages.
+    pub timeout: Duration,
     /// Who sent the request, told from its shape.
     pub caller: Caller,
 }
@@ -183,7 +188,14 @@ impl MountRequest {
     ///
     /// Error messages name the field and where parsing failed, but never quote the
     /// `secrets` field or the tokens, which carry credentials.
-    pub fn from_proto(request: proto::MountRequest, deadline: Instant) -> Result<Self, MountError> {
+    pub fn from_proto(
+        request: proto::MountRequest,
+        deadline: impl Into<Deadline>,
+    ) -> Result<Self, MountError> {
+        let Deadline {
+            at: deadline,
+            granted: timeout,
+        } = deadline.into();
         let mut attributes = parse_attributes(&request.attributes)?;
         let mut node_publish_secrets = parse_secrets(&request.secrets)?;
         let tokens_json = match node_publish_secrets.remove(SERVICE_ACCOUNT_TOKENS_KEY) {
@@ -223,8 +235,42 @@ impl MountRequest {
             file_mode,
             current_object_versions,
             deadline,
+            timeout,
             caller,
         })
+    }
+}
+
+/// When a mount must be answered: the time its caller granted and the instant the mount
+/// service must be done by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    /// The time the caller granted.
+    pub granted: Duration,
+    /// When the mount service must be done.
+    pub at: Instant,
+}
+
+impl Deadline {
+    /// `granted` from now, answered a little before it (a twentieth, at most a second), so
+    /// that the caller reads our message rather than its own timeout (tonic would
+    /// otherwise answer Cancelled at the same instant).
+    pub fn granted(granted: Duration) -> Self {
+        let margin = (granted / 20).min(Duration::from_secs(1));
+        Self {
+            granted,
+            at: Instant::now() + granted - margin,
+        }
+    }
+}
+
+/// Exactly `at`, the time left until it granted.
+impl From<Instant> for Deadline {
+    fn from(at: Instant) -> Self {
+        Self {
+            granted: at.saturating_duration_since(Instant::now()),
+            at,
+        }
     }
 }
 

@@ -1,13 +1,10 @@
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use h2_authority::RewriteAuthority;
 use prost::Message;
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
@@ -16,7 +13,7 @@ use crate::listener::{Listener, ListenerKind, remove_own_socket};
 use crate::path::validate_file_set;
 use crate::proto;
 use crate::proto::csi_driver_provider_server::{CsiDriverProvider, CsiDriverProviderServer};
-use crate::request::MountRequest;
+use crate::request::{Deadline, MountRequest};
 use crate::response::MountResponse;
 
 /// What the server needs of the inner mount service: a cloneable tower service from
@@ -100,84 +97,44 @@ pub trait MountObserver: Send + Sync + std::fmt::Debug + 'static {
     fn mount_shed(&self) {}
 }
 
-/// The `CSIDriverProvider` gRPC service around an inner mount service `S`.
+/// The `CSIDriverProvider` gRPC service around an inner mount service `S`: the wire
+/// request translated into a [`MountRequest`] with its [`crate::Deadline`], the answer
+/// checked (paths the driver accepts, object versions, size) and encoded, every mount in a
+/// span and told to the observer. The bounds of a mount are layers of `S`
+/// ([`crate::InFlightLimitLayer`], [`crate::DeadlineLayer`], [`crate::CatchPanicLayer`]).
+///
+/// ```no_run
+/// use secrets_store_csi_grpc::{
+///     CatchPanicLayer, CsiProvider, DeadlineLayer, InFlightLimitLayer, MountLimits, MountService,
+///     ServerInfo,
+/// };
+///
+/// fn provider<S: MountService>(mount: S, info: ServerInfo) -> CsiProvider<impl MountService> {
+///     let limits = MountLimits::default();
+///     let edge = tower::ServiceBuilder::new()
+///         .layer(InFlightLimitLayer::new(&limits))
+///         .layer(DeadlineLayer)
+///         .layer(CatchPanicLayer)
+///         .service(mount);
+///     CsiProvider::new(edge, info, limits)
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct CsiProvider<S> {
     inner: S,
     info: Arc<ServerInfo>,
     limits: Arc<MountLimits>,
-    in_flight: Arc<Semaphore>,
-    namespaces: Arc<NamespaceSlots>,
     observer: Option<Arc<dyn MountObserver>>,
 }
 
-/// Mounts in flight per namespace; a namespace with none has no entry.
-#[derive(Debug, Default)]
-struct NamespaceSlots {
-    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-}
-
-impl NamespaceSlots {
-    /// A slot for `namespace`: within its `share`, or past it while `share` slots of the
-    /// `total` stay free for the other namespaces (`in_use` counts this mount already).
-    fn try_take(
-        self: &Arc<Self>,
-        namespace: &str,
-        share: usize,
-        in_use: usize,
-        total: usize,
-    ) -> Option<NamespaceSlot> {
-        let mut held = self
-            .held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let count = held.entry(namespace.to_owned()).or_default();
-        if *count >= share && in_use.saturating_add(share) > total {
-            if *count == 0 {
-                held.remove(namespace);
-            }
-            return None;
-        }
-        *count += 1;
-        Some(NamespaceSlot {
-            slots: self.clone(),
-            namespace: namespace.to_owned(),
-        })
-    }
-}
-
-/// One mount's slot in its namespace's share, given back when dropped.
-struct NamespaceSlot {
-    slots: Arc<NamespaceSlots>,
-    namespace: String,
-}
-
-impl Drop for NamespaceSlot {
-    fn drop(&mut self) {
-        let mut held = self
-            .slots
-            .held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(count) = held.get_mut(&self.namespace) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.namespace);
-            }
-        }
-    }
-}
-
 impl<S> CsiProvider<S> {
-    /// Serves `inner` with `info` for `Version` and `limits` for every mount.
+    /// Serves `inner` with `info` for `Version`, and the deadlines and response size of
+    /// `limits` for every mount (its in-flight bounds are [`crate::InFlightLimitLayer`]'s).
     pub fn new(inner: S, info: ServerInfo, limits: MountLimits) -> Self {
-        let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
         Self {
             inner,
             info: Arc::new(info),
             limits: Arc::new(limits),
-            in_flight,
-            namespaces: Arc::default(),
             observer: None,
         }
     }
@@ -230,13 +187,14 @@ impl<S> CsiProvider<S>
 where
     S: MountService,
 {
-    fn deadline(&self, metadata: &tonic::metadata::MetadataMap) -> Duration {
+    /// The time the caller granted: its `grpc-timeout`, or the default, capped.
+    fn deadline(&self, metadata: &tonic::metadata::MetadataMap) -> Deadline {
         let requested = metadata
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout)
             .unwrap_or(self.limits.default_deadline);
-        requested.min(self.limits.max_deadline)
+        Deadline::granted(requested.min(self.limits.max_deadline))
     }
 
     async fn mount(
@@ -244,44 +202,8 @@ where
         request: tonic::Request<proto::MountRequest>,
         span: &tracing::Span,
     ) -> Result<proto::MountResponse, MountError> {
-        let _permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
-            if let Some(observer) = &self.observer {
-                observer.mount_shed();
-            }
-            MountError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "too many mounts in flight on this node (limit {}); the driver will retry",
-                    self.limits.max_in_flight
-                ),
-            )
-        })?;
-        let budget = self.deadline(request.metadata());
-        // Answer a little before the caller gives up, so it reads our message rather than
-        // its own timeout (tonic would otherwise answer Cancelled at the same instant).
-        let margin = (budget / 20).min(Duration::from_secs(1));
-        let deadline = Instant::now() + budget - margin;
+        let deadline = self.deadline(request.metadata());
         let request = MountRequest::from_proto(request.into_inner(), deadline)?;
-        let namespace = request.pod.namespace.as_deref().unwrap_or("");
-        let max = self.limits.max_in_flight_per_namespace.max(1);
-        let total = self.limits.max_in_flight.max(1);
-        let in_use = total - self.in_flight.available_permits();
-        let _slot = self
-            .namespaces
-            .try_take(namespace, max, in_use, total)
-            .ok_or_else(|| {
-                if let Some(observer) = &self.observer {
-                    observer.mount_shed();
-                }
-                MountError::new(
-                    ErrorKind::ResourceExhausted,
-                    format!(
-                        "namespace {namespace:?} has {max} or more mounts in flight on this node, \
-                     past its share (server.max_in_flight_per_namespace) while other \
-                     namespaces need the slots left; the driver will retry"
-                    ),
-                )
-            })?;
         span.record(
             "pod.namespace",
             request.pod.namespace.as_deref().unwrap_or(""),
@@ -296,30 +218,12 @@ where
                 .map(String::as_str)
                 .unwrap_or(""),
         );
-        let span = span.clone();
-        let mut inner = self.inner.clone();
-        let call = async move {
-            inner.ready().await?;
-            inner.call(request).await
-        };
-        // A panic in the inner service must not take the connection (or the process) down:
-        // it becomes an Internal error for this one mount.
-        let guarded = AssertUnwindSafe(call.instrument(span)).catch_unwind();
-        let response = match tokio::time::timeout_at(deadline, guarded).await {
-            Err(_) => {
-                return Err(MountError::new(
-                    ErrorKind::DeadlineExceeded,
-                    format!("mount did not finish within its deadline of {budget:?}"),
-                ));
-            }
-            Ok(Err(_panic)) => {
-                tracing::error!("mount service panicked");
-                return Err(MountError::internal(
-                    "internal error: the mount service panicked",
-                ));
-            }
-            Ok(Ok(result)) => result?,
-        };
+        let response = self
+            .inner
+            .clone()
+            .oneshot(request)
+            .instrument(span.clone())
+            .await?;
         self.to_proto(response)
     }
 

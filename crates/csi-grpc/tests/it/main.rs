@@ -4,6 +4,7 @@
 
 mod support;
 
+mod edge;
 mod frames;
 mod grpc_go;
 mod lifecycle;

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use secrets_store_csi_grpc::client::{Client, connect_unix};
 use secrets_store_csi_grpc::{
-    CsiProvider, Endpoint, Listener, MountLimits, MountService, ServerInfo, serve,
+    CatchPanicLayer, CsiProvider, DeadlineLayer, Endpoint, InFlightLimitLayer, Listener,
+    MountLimits, MountService, ServerInfo, serve,
 };
 use tokio::sync::oneshot;
 
@@ -76,7 +77,13 @@ where
 {
     let listener = Listener::bind(&Endpoint::Unix(path.to_owned()), 0o600).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let provider = CsiProvider::new(inner, info, limits);
+    // The layers every mount passes, as the binary composes them.
+    let edge = tower::ServiceBuilder::new()
+        .layer(InFlightLimitLayer::new(&limits))
+        .layer(DeadlineLayer)
+        .layer(CatchPanicLayer)
+        .service(inner);
+    let provider = CsiProvider::new(edge, info, limits);
     let done = tokio::spawn(async move {
         serve(
             listener,
