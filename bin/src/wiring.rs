@@ -21,7 +21,7 @@ use csi_grpc::{
 };
 use provider::{
     Budget, BudgetLayer, ByteBudget, EndpointOverrides, Endpoints, Failover, FailoverLayer,
-    MountConfig, OciMount, RegionStats,
+    MountContext, OciMount, RegionStats,
 };
 use regions::Regions;
 use tower::{Layer as _, ServiceBuilder};
@@ -215,17 +215,17 @@ pub(crate) fn build(
 
     // 4. The mount service: identity, then the entries through the fetch stacks.
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
-    let mount_config = MountConfig {
+    let mount_context = MountContext {
         tenant_keys: principals.tenant_keys(),
         endpoints,
         certificate_expiry: certificate_expiry.clone(),
-        ..mount_config(config)
+        ..mount_context(config)
     };
     let mount = OciMount::new(
         principals.clone(),
         fetches.secrets,
         fetches.certificates,
-        mount_config,
+        mount_context,
     );
 
     // 5. What /metrics reads.
@@ -459,13 +459,13 @@ fn vault_client(
 
 /// The mount service's bounds from the configuration (the runtime handles are added by
 /// [`build`]).
-fn mount_config(config: &Config) -> MountConfig {
-    MountConfig {
+fn mount_context(config: &Config) -> MountContext {
+    MountContext {
         fan_out: config.upstream.fan_out,
         max_secrets: config.server.max_secrets_per_mount,
         max_files: config.server.max_files_per_mount,
         allowed_types: config.auth.allowed_types.clone(),
         allowed_regions: config.auth.allowed_regions.clone(),
-        ..MountConfig::default()
+        ..MountContext::default()
     }
 }

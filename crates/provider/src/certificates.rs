@@ -66,7 +66,7 @@ impl Service<vault::CertificateRequest> for NoCertificates {
 
     fn call(&mut self, request: vault::CertificateRequest) -> Self::Future {
         let subject = Box::new(vault::Subject {
-            secret: request.target.id().to_owned(),
+            object: request.target.id().to_owned(),
             principal: request.identity(),
             grant: vault::Subject::CERTIFICATES_GRANT,
         });

@@ -26,7 +26,7 @@ pub use params::{
     Encoding, MountParameters, ParamError, ParseLimits, SecretSource, SecretSpec, Stage,
     VersionSelector,
 };
-pub use service::{BundleResponse, IdentityService, MountConfig, OciMount, SecretsService};
+pub use service::{BundleResponse, IdentityService, MountContext, OciMount, SecretsService};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

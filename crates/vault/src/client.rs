@@ -239,7 +239,7 @@ impl Call for CertificateRequest {
 /// a 404 names.
 pub(crate) fn subject<R: Call>(request: &R) -> Box<Subject> {
     Box::new(Subject {
-        secret: request.describe(),
+        object: request.describe(),
         principal: request.identity(),
         grant: request.grant(),
     })

@@ -102,12 +102,13 @@ impl fmt::Display for ErrorChain<'_> {
     }
 }
 
-/// What a failed request was about: which secret (name and vault, or OCID, and the
-/// version selector, rendered) as which principal.
+/// What a failed request was about: which secret or certificate (name and vault, or OCID,
+/// and the version selector, rendered) as which principal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subject {
-    /// The secret, e.g. `secret "db" (stage CURRENT) in vault ocid1.vault...`.
-    pub secret: String,
+    /// The secret or certificate, e.g. `secret "db" (stage CURRENT) in vault
+    /// ocid1.vault...` or `certificate ocid1.certificate...`.
+    pub object: String,
     /// Who asked.
     pub principal: Identity,
     /// The IAM grant a 404 points at, e.g. [`Subject::SECRETS_GRANT`].
@@ -139,7 +140,7 @@ pub enum VaultError {
     #[error(
         "{secret} not found, or the principal may not read it: check the IAM policy grants {grant} (principal: {principal}; {oci}; {})",
         Rid(.opc_request_id)
-    , secret = .subject.secret, principal = .subject.principal, grant = .subject.grant)]
+    , secret = .subject.object, principal = .subject.principal, grant = .subject.grant)]
     NotFound {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -149,7 +150,7 @@ pub enum VaultError {
         opc_request_id: Option<String>,
     },
     /// HTTP 401: OCI did not accept the signature, key or token.
-    #[error("OCI did not authenticate {principal} reading {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("OCI did not authenticate {principal} reading {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     Unauthenticated {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -159,7 +160,7 @@ pub enum VaultError {
         opc_request_id: Option<String>,
     },
     /// HTTP 403.
-    #[error("OCI denied {principal} access to {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("OCI denied {principal} access to {secret}: {oci} ({})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     PermissionDenied {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -169,7 +170,7 @@ pub enum VaultError {
         opc_request_id: Option<String>,
     },
     /// HTTP 400.
-    #[error("OCI rejected the request for {secret} as {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("OCI rejected the request for {secret} as {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     InvalidArgument {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -180,7 +181,7 @@ pub enum VaultError {
     },
     /// Any other error status: 429 (ResourceExhausted), 409 and 5xx (Unavailable; retried
     /// when spec 2.7 says so), other 4xx (Internal).
-    #[error("OCI could not serve {secret} to {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("OCI could not serve {secret} to {principal}: {oci} ({})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     Status {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -192,7 +193,7 @@ pub enum VaultError {
         retry_after_secs: Option<u64>,
     },
     /// A 200 answer that is not a usable SecretBundle.
-    #[error("malformed response from OCI for {secret} as {principal}: {reason} ({})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("malformed response from OCI for {secret} as {principal}: {reason} ({})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     Malformed {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -205,7 +206,7 @@ pub enum VaultError {
     /// The signing layer failed: no credentials for the principal (a missing user Secret,
     /// a failed token exchange), or OCI refused them (a 401 the layer turned into an
     /// error). The kind follows auth's classification.
-    #[error("authentication failed for {secret} as {principal}", secret = .subject.secret, principal = .subject.principal)]
+    #[error("authentication failed for {secret} as {principal}", secret = .subject.object, principal = .subject.principal)]
     Signing {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -214,7 +215,7 @@ pub enum VaultError {
         source: Box<AuthError>,
     },
     /// The exchange failed below HTTP: connect, TLS, broken connection, timeout.
-    #[error("the request to OCI for {secret} as {principal} failed (sent {})", Rid(.opc_request_id), secret = .subject.secret, principal = .subject.principal)]
+    #[error("the request to OCI for {secret} as {principal} failed (sent {})", Rid(.opc_request_id), secret = .subject.object, principal = .subject.principal)]
     Transport {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -226,7 +227,7 @@ pub enum VaultError {
     },
     /// The deadline passed outside the transport (while signing, or before a first
     /// attempt could start).
-    #[error("deadline exceeded fetching {secret} as {principal} after {attempts} {}", attempt_word(*.attempts), secret = .subject.secret, principal = .subject.principal)]
+    #[error("deadline exceeded fetching {secret} as {principal} after {attempts} {}", attempt_word(*.attempts), secret = .subject.object, principal = .subject.principal)]
     DeadlineExceeded {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -234,7 +235,7 @@ pub enum VaultError {
         attempts: u32,
     },
     /// The request could not be built (a bad base URL).
-    #[error("cannot build the request for {secret}: {reason}", secret = .subject.secret)]
+    #[error("cannot build the request for {secret}: {reason}", secret = .subject.object)]
     InvalidRequest {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -242,7 +243,7 @@ pub enum VaultError {
         reason: String,
     },
     /// The inner service failed with an error of no known type.
-    #[error("fetching {secret} as {principal} failed", secret = .subject.secret, principal = .subject.principal)]
+    #[error("fetching {secret} as {principal} failed", secret = .subject.object, principal = .subject.principal)]
     Other {
         /// The secret and the principal.
         subject: Box<Subject>,
@@ -277,7 +278,7 @@ pub enum VaultError {
         "{secret}: the bytes for the next attempt could not be reserved after a retry backoff \
          (server.max_in_flight_bytes is in use by other mounts); {}",
         ErrorChain(.last.as_ref()),
-        secret = .subject.secret
+        secret = .subject.object
     )]
     BudgetFull {
         /// The secret and the principal.
@@ -505,7 +506,7 @@ mod tests {
     fn status(status: u16, code: &str) -> VaultError {
         VaultError::from_status(
             Box::new(Subject {
-                secret: "secret \"s\" (stage CURRENT) in vault v".into(),
+                object: "secret \"s\" (stage CURRENT) in vault v".into(),
                 principal: Identity::Instance,
                 grant: Subject::SECRETS_GRANT,
             }),
@@ -540,7 +541,7 @@ mod tests {
             let expected = ErrorKind::from_transport(vault_side.kind());
             let vault = VaultError::Transport {
                 subject: Box::new(Subject {
-                    secret: "secret s".into(),
+                    object: "secret s".into(),
                     principal: Identity::Instance,
                     grant: Subject::SECRETS_GRANT,
                 }),
@@ -610,7 +611,7 @@ mod tests {
     fn display_never_repeats_the_source() {
         let subject = || {
             Box::new(Subject {
-                secret: "secret s".into(),
+                object: "secret s".into(),
                 principal: Identity::Instance,
                 grant: Subject::SECRETS_GRANT,
             })

@@ -6,9 +6,9 @@ use tokio::time::Instant;
 
 use crate::{SecretBundle, SecretRef, SecretRequest, Selector};
 
-/// The OCI service a bundle comes from.
+/// The OCI API a bundle comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Service {
+pub enum Api {
     /// The Secrets retrieval API (`secrets.vaults.{region}...`).
     Secrets,
 }
@@ -29,8 +29,8 @@ pub enum BundleType {
 pub struct BundleKey {
     /// Who fetched it.
     pub credential: Credential,
-    /// Which service.
-    pub service: Service,
+    /// Which API.
+    pub api: Api,
     /// The endpoint, which names the region (`https://secrets.vaults.{region}...`).
     pub endpoint: String,
     /// The vault and name, or the secret OCID.
@@ -56,7 +56,7 @@ impl cache::CacheKey for SecretRequest {
         } = self;
         BundleKey {
             credential: session.credential().clone(),
-            service: Service::Secrets,
+            api: Api::Secrets,
             endpoint: base_url.trim_end_matches('/').to_owned(),
             secret: secret.clone(),
             selector: selector.clone(),

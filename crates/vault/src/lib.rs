@@ -35,7 +35,7 @@ pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
-pub use key::{BundleKey, BundleType, Service};
+pub use key::{Api, BundleKey, BundleType};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::{Retries, Retry, RetryLayer, RetryPolicy, RetryReason};
 pub use tls::{TlsError, TlsFiles, unix};

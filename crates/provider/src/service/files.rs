@@ -3,15 +3,13 @@
 use super::*;
 
 /// The mount's files from its bundles, in request order: whole secrets and extracted
-/// keys, within the driver's response size (checked before decoding, and again with the
-/// extracted keys).
+/// keys, each key copied only within the room left of `max_total_bytes`.
 pub(super) fn assemble(
     params: &MountParameters,
     bundles: Vec<vault::SecretBundle>,
     mode: csi_grpc::FileMode,
     max_total_bytes: usize,
 ) -> Result<MountResponse, MountError> {
-    check_response_size(params, &bundles, max_total_bytes)?;
     let object_versions = object_versions(params, &bundles);
     let mut files = Vec::with_capacity(bundles.len());
     // The bytes of the files so far: each extracted value is checked against the room
@@ -42,44 +40,38 @@ pub(super) fn assemble(
             });
         }
     }
-    // Extracted values count against the same bound as whole secrets.
-    if written > max_total_bytes {
-        return Err(MountError::new(
-            ErrorKind::ResourceExhausted,
-            format!(
-                "the files of this mount take {written} bytes with the extracted keys, more \
-                 than the {max_total_bytes} bytes the driver accepts in one response"
-            ),
-        ));
-    }
     Ok(MountResponse {
         files,
         object_versions,
     })
 }
 
-/// The bundles together fit in one response to the driver; the error lists each size.
-fn check_response_size(
-    params: &MountParameters,
-    bundles: &[vault::SecretBundle],
-    max_total_bytes: usize,
-) -> Result<(), MountError> {
-    let total: usize = bundles.iter().map(|b| b.content.len()).sum();
+/// The one check of a mount's size: its files together (secrets, extracted keys,
+/// certificate files) fit in one response to the driver; the error lists the largest.
+pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
+    let total: usize = files.iter().map(|f| f.contents.len()).sum();
     if total <= max_total_bytes {
         return Ok(());
     }
-    let mut sizes: Vec<String> = params
-        .secrets
+    let mut sizes: Vec<(usize, &csi_grpc::FilePath)> =
+        files.iter().map(|f| (f.contents.len(), &f.path)).collect();
+    sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.as_str().cmp(b.1.as_str())));
+    let listed: Vec<String> = sizes
         .iter()
-        .zip(bundles)
-        .map(|(spec, bundle)| format!("{} ({} bytes)", spec.path, bundle.content.len()))
+        .take(20)
+        .map(|(size, path)| format!("{path} ({size} bytes)"))
         .collect();
-    sizes.sort();
     Err(MountError::new(
         ErrorKind::ResourceExhausted,
         format!(
-            "the secrets of this mount take {total} bytes, more than the {max_total_bytes} bytes the driver accepts in one response: {}",
-            sizes.join(", ")
+            "the files of this mount take {total} bytes, more than the {max_total_bytes} bytes \
+             the driver accepts in one response: {}{}",
+            listed.join(", "),
+            if sizes.len() > listed.len() {
+                ", ..."
+            } else {
+                ""
+            }
         ),
     ))
 }

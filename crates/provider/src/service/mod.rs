@@ -124,9 +124,11 @@ where
     type SecretsFuture = V::Future;
 }
 
-/// Bounds of one mount.
+/// What every mount shares: its bounds, the operator's policy (allowed types and regions),
+/// the endpoints, and the runtime handles it reports to (the gate of tenant keys, the
+/// certificate-expiry gauge).
 #[derive(Clone, Debug)]
-pub struct MountConfig {
+pub struct MountContext {
     /// Secrets of one mount fetched at once.
     pub fan_out: usize,
     /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
@@ -153,7 +155,7 @@ pub struct MountConfig {
     pub tenant_keys: auth::TenantKeys,
 }
 
-impl Default for MountConfig {
+impl Default for MountContext {
     fn default() -> Self {
         Self {
             fan_out: 8,
@@ -177,7 +179,7 @@ pub struct OciMount<A, V, C> {
     // fetch passes through it.
     secrets: V,
     certificates: C,
-    config: Arc<MountConfig>,
+    config: Arc<MountContext>,
 }
 
 impl<A: Clone, V: Clone, C: Clone> Clone for OciMount<A, V, C> {
@@ -204,7 +206,7 @@ impl<A, V, C> OciMount<A, V, C> {
     /// `auth::Principals`), reading secret entries through `secrets` and certificate
     /// entries through `certificates` (the byte budget's layer over the fetch stacks; a
     /// `NoCertificates` under it refuses certificate entries).
-    pub fn new(auth: A, secrets: V, certificates: C, config: MountConfig) -> Self {
+    pub fn new(auth: A, secrets: V, certificates: C, config: MountContext) -> Self {
         Self {
             auth,
             secrets,
@@ -286,18 +288,8 @@ where
             reservations.extend(held);
             response.files.extend(files);
             response.object_versions.extend(versions);
-            let written: usize = response.files.iter().map(|f| f.contents.len()).sum();
-            if written > self.config.max_total_bytes {
-                return Err(MountError::new(
-                    ErrorKind::ResourceExhausted,
-                    format!(
-                        "the files of this mount take {written} bytes with its certificates, \
-                         more than the {} bytes the driver accepts in one response",
-                        self.config.max_total_bytes
-                    ),
-                ));
-            }
         }
+        check_size(&response.files, self.config.max_total_bytes)?;
         drop(reservations);
         Ok(response)
     }

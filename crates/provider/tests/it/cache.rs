@@ -9,7 +9,7 @@ use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheConfig, CacheLayer, CacheService};
 use clock::{ManualClock, SharedClock};
 use csi_grpc::{ErrorKind, MountError, MountRequest, MountResponse};
-use oci_csi_provider::MountConfig;
+use oci_csi_provider::MountContext;
 use serde_json::json;
 use testkit::{Emulator, Endpoint, KubeSecretSeed, SecretSeed, Seed, UserSeed};
 use tower::{Layer as _, ServiceExt as _};
@@ -152,12 +152,12 @@ async fn stack(ttl: Duration) -> Stack {
         principals,
         vault,
         oci_csi_provider::NoCertificates,
-        MountConfig {
+        MountContext {
             endpoints: Arc::new(crate::fakes::endpoints(
                 &emu.url(Endpoint::Secrets),
                 &emu.url(Endpoint::Certificates),
             )),
-            ..MountConfig::default()
+            ..MountContext::default()
         },
         None,
     );

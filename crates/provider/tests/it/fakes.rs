@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use oci_csi_provider::{
-    Budget, BudgetLayer, ByteBudget, Failover, FailoverLayer, MountConfig, NoCertificates, OciMount,
+    Budget, BudgetLayer, ByteBudget, Failover, FailoverLayer, MountContext, NoCertificates,
+    OciMount,
 };
 use tower::Layer as _;
 
@@ -97,7 +98,7 @@ impl Drop for Flight {
 
 fn subject(request: &vault::SecretRequest) -> Box<vault::Subject> {
     Box::new(vault::Subject {
-        secret: format!("{:?}", request.secret),
+        object: format!("{:?}", request.secret),
         principal: request.identity(),
         grant: vault::Subject::SECRETS_GRANT,
     })
@@ -217,7 +218,7 @@ pub fn mount<A, V, C>(
     auth: A,
     vault: V,
     certificates: C,
-    config: MountConfig,
+    config: MountContext,
     budget: Option<ByteBudget>,
 ) -> Mount<A, V, C> {
     let budget = BudgetLayer::new(budget, RESERVE);
@@ -235,13 +236,13 @@ pub fn mount_service(vault: Vault) -> Mount<Auth, Vault> {
 
 /// The mount bounds of these tests, with every call going to `https://secrets.example`
 /// and `https://certificates.example` (the fake vault answers; nothing connects).
-pub fn config() -> MountConfig {
-    MountConfig {
+pub fn config() -> MountContext {
+    MountContext {
         endpoints: std::sync::Arc::new(endpoints(
             "https://secrets.example",
             "https://certificates.example",
         )),
-        ..MountConfig::default()
+        ..MountContext::default()
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountRequest, MountResponse};
-use oci_csi_provider::MountConfig;
+use oci_csi_provider::MountContext;
 use serde_json::json;
 use tower::ServiceExt;
 
@@ -128,7 +128,7 @@ async fn fetches_run_concurrently_up_to_the_fan_out() {
         Auth::default(),
         vault.clone(),
         oci_csi_provider::NoCertificates,
-        MountConfig {
+        MountContext {
             fan_out: 3,
             ..crate::fakes::config()
         },
@@ -260,7 +260,7 @@ async fn a_mount_larger_than_the_driver_accepts_is_resource_exhausted() {
         Auth::default(),
         vault,
         oci_csi_provider::NoCertificates,
-        MountConfig {
+        MountContext {
             max_total_bytes: 1024,
             ..crate::fakes::config()
         },

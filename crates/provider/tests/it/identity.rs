@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use oci_csi_provider::MountConfig;
+use oci_csi_provider::MountContext;
 use tower::ServiceExt;
 
 use crate::fakes::Vault;
@@ -19,9 +19,9 @@ fn mount_service<I: oci_csi_provider::IdentityService>(
         identity,
         vault,
         oci_csi_provider::NoCertificates,
-        MountConfig {
+        MountContext {
             endpoints: std::sync::Arc::new(endpoints),
-            ..MountConfig::default()
+            ..MountContext::default()
         },
         None,
     )

@@ -39,7 +39,7 @@ enum Kind {
 impl Kind {
     fn into_refused(self) -> Refused<vault::VaultError> {
         let subject = Box::new(vault::Subject {
-            secret: "secret db".into(),
+            object: "secret db".into(),
             principal: auth::Identity::Instance,
             grant: vault::Subject::SECRETS_GRANT,
         });

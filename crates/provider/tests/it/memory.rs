@@ -1,9 +1,9 @@
-//! What one mount, and all mounts in flight, may hold in memory (issue 9, item 1).
+//! What one mount, and all mounts in flight, may hold in memory.
 
 use std::sync::atomic::Ordering;
 
 use csi_grpc::{ErrorKind, MountError};
-use oci_csi_provider::{ByteBudget, MountConfig, MountParameters};
+use oci_csi_provider::{ByteBudget, MountContext, MountParameters};
 use tower::ServiceExt;
 
 use crate::fakes::{Auth, Behaviour, Vault};
@@ -116,7 +116,7 @@ async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
         .with("a", big(100_000))
         .with("b", big(100_000));
     let budget = ByteBudget::new(8 << 20);
-    let config = MountConfig {
+    let config = MountContext {
         ..crate::fakes::config()
     };
     let service = crate::fakes::mount(
@@ -171,7 +171,7 @@ async fn three_hundred_mounts_in_flight_stay_within_the_byte_budget() {
 async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
     let vault = Vault::default().with("a", big(1000));
     let budget = ByteBudget::new(1 << 20);
-    let config = MountConfig {
+    let config = MountContext {
         ..crate::fakes::config()
     };
     let service = crate::fakes::mount(
@@ -185,4 +185,40 @@ async fn what_a_fetch_did_not_use_goes_back_to_the_budget_at_once() {
     assert_eq!(response.files[0].contents.len(), 1000);
     assert_eq!(budget.used(), 0);
     assert_eq!(budget.high_water(), 256 * 1024);
+}
+
+#[tokio::test]
+async fn files_past_the_limit_fail_the_mount_even_when_the_fetched_bytes_fit() {
+    // 2.5 MiB of JSON fetched (within 3.5 MiB), written whole and again as its one key's
+    // 1.5 MiB value: 4 MiB of files, more than one response may carry.
+    let value = "v".repeat(1536 * 1024);
+    let padding = "p".repeat(1024 * 1024);
+    let json = format!(r#"{{"big": "{value}", "padding": "{padding}"}}"#);
+    let vault = Vault::default().with(
+        "doc",
+        Behaviour::Bundle {
+            content: json.into_bytes(),
+            secret_id: "ocid1.vaultsecret.oc1..doc".into(),
+            version: 1,
+        },
+    );
+    let err = crate::fakes::mount_service(vault)
+        .oneshot(request(
+            "- name: doc\n  fileName: doc.json\n  keys:\n    - key: big\n",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    let message = err.message();
+    assert!(
+        message.contains("the files of this mount take"),
+        "{message}"
+    );
+    assert!(message.contains("more than the 3670016 bytes"), "{message}");
+    // The largest file first, each named with its size; never a value.
+    assert!(
+        message.contains("doc.json (") && message.contains("big (1572864 bytes)"),
+        "{message}"
+    );
+    assert!(!message.contains("vvvv"), "{message}");
 }

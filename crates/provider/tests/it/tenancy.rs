@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use csi_grpc::ErrorKind;
 use futures_util::future::BoxFuture;
-use oci_csi_provider::{AuthType, ByteBudget, MountConfig, MountParameters, ParseLimits};
+use oci_csi_provider::{AuthType, ByteBudget, MountContext, MountParameters, ParseLimits};
 use serde_json::json;
 use tower::ServiceExt;
 
@@ -155,7 +155,7 @@ async fn certificate_fetches_reserve_from_the_byte_budget_and_stop_at_the_mount_
     pem.push_str(&"\n".repeat(250_000));
     let budget = ByteBudget::new(32 << 20);
     let certs = Certs::new(bundle("ocid1.cabundle.oc1..ca", pem), Some(budget.clone()));
-    let config = MountConfig {
+    let config = MountContext {
         ..crate::fakes::config()
     };
     let service = crate::fakes::mount(
@@ -194,7 +194,7 @@ async fn a_full_budget_refuses_certificate_fetches_as_it_refuses_secrets() {
         bundle("ocid1.cabundle.oc1..ca", self_signed()),
         Some(budget.clone()),
     );
-    let config = MountConfig {
+    let config = MountContext {
         ..crate::fakes::config()
     };
     let service = crate::fakes::mount(
@@ -228,7 +228,7 @@ async fn one_namespace_cannot_take_the_whole_byte_budget() {
     let reserve = 256 * 1024;
     let budget = ByteBudget::with_namespace_share(8 * reserve, 2 * reserve);
     let vault = Vault::default().with("slow", Behaviour::Hang);
-    let config = MountConfig {
+    let config = MountContext {
         ..crate::fakes::config()
     };
     let service = crate::fakes::mount(
@@ -344,7 +344,7 @@ async fn key_extraction_checks_the_running_total_before_each_copy() {
             version: 1,
         },
     );
-    let config = MountConfig {
+    let config = MountContext {
         max_files: 1000,
         ..crate::fakes::config()
     };
@@ -401,7 +401,7 @@ async fn a_keys_entry_that_is_not_json_or_yaml_names_the_secret_and_the_keys() {
 async fn an_auth_type_the_operator_switched_off_is_permission_denied_before_any_call() {
     let auth = Auth::default();
     let vault = Vault::default();
-    let config = MountConfig {
+    let config = MountContext {
         allowed_types: vec![AuthType::Workload, AuthType::User],
         ..crate::fakes::config()
     };
@@ -447,7 +447,7 @@ async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_lis
             in_ashburn,
             Vault::default(),
             oci_csi_provider::NoCertificates,
-            MountConfig {
+            MountContext {
                 allowed_regions,
                 ..crate::fakes::config()
             },

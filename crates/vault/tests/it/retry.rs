@@ -43,7 +43,7 @@ fn request(timeout: Duration) -> SecretRequest {
 
 fn subject(request: &SecretRequest) -> Box<Subject> {
     Box::new(Subject {
-        secret: "secret db".into(),
+        object: "secret db".into(),
         principal: request.identity(),
         grant: Subject::SECRETS_GRANT,
     })
