@@ -237,6 +237,26 @@ async fn readyz(ready: &crate::ready::Readiness) -> Response<Full<Bytes>> {
     }
 }
 
+/// The answer to one request of a health, metrics or debug server.
+async fn route<B>(
+    routes: Routes,
+    request: Request<B>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let response = match (&routes, request.uri().path()) {
+        (Routes::Health(ready), "/readyz")
+            if request.method() == Method::GET || request.method() == Method::HEAD =>
+        {
+            readyz(ready).await
+        }
+        (Routes::Debug(debug), path) if request.method() == Method::GET => {
+            let (status, content_type, body) = debug.answer(path, request.uri().query()).await;
+            respond(status, content_type, body)
+        }
+        _ => answer(&routes, &request),
+    };
+    Ok(response)
+}
+
 /// Serves `routes` until `stop` turns true, within `limits`: a connection beyond the
 /// caps is closed at once, one that is slow to send its headers or idle for longer than
 /// the header-read timeout is closed by hyper, and request heads and bodies are bounded.
@@ -284,26 +304,7 @@ pub(crate) async fn serve(
                 answer_timeout,
             ))
             .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
-            .service_fn(move |request: Request<_>| {
-                let routes = routes.clone();
-                async move {
-                    let response = match (&routes, request.uri().path()) {
-                        (Routes::Health(ready), "/readyz")
-                            if request.method() == Method::GET
-                                || request.method() == Method::HEAD =>
-                        {
-                            readyz(ready).await
-                        }
-                        (Routes::Debug(debug), path) if request.method() == Method::GET => {
-                            let (status, content_type, body) =
-                                debug.answer(path, request.uri().query()).await;
-                            respond(status, content_type, body)
-                        }
-                        _ => answer(&routes, &request),
-                    };
-                    Ok::<_, Infallible>(response)
-                }
-            });
+            .service_fn(move |request: Request<_>| route(routes.clone(), request));
         let mut stop = stop.clone();
         let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {

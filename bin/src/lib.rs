@@ -159,26 +159,13 @@ pub async fn run(
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let http_limits = health::HttpLimits::from(&config.server);
-    // The debug server, on a loopback address only (checked when the configuration loaded).
-    let debug_task = if config.server.enable_pprof {
-        let addr = SocketAddr::new(config.server.pprof_address, config.server.pprof_port);
-        let listener = health::bind(addr).await.with_context(|| {
-            format!("cannot listen on {addr} for profiles (--enable-pprof, --pprof-port)")
-        })?;
-        tracing::warn!(
-            debug = %listener.local_addr().unwrap_or(addr),
-            "debug server listening (--enable-pprof): CPU and heap profiles, /debug/stats"
-        );
-        let debug = debug::Debug::new(stack.metrics.clone(), config.server.max_profile_seconds);
-        Some(tokio::spawn(health::serve(
-            listener,
-            health::Routes::Debug(Arc::new(debug)),
-            http_limits.clone(),
-            stop_rx.clone(),
-        )))
-    } else {
-        None
-    };
+    let debug_task = debug_server(
+        &config,
+        &stack.metrics,
+        http_limits.clone(),
+        stop_rx.clone(),
+    )
+    .await?;
     let health_task = tokio::spawn(health::serve(
         health,
         health::Routes::Health(ready.clone()),
@@ -219,6 +206,34 @@ pub async fn run(
     served.context("the gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The debug server (`--enable-pprof`), on a loopback address only (checked when the
+/// configuration loaded); `None` when it is off.
+async fn debug_server(
+    config: &Config,
+    metrics: &Arc<metrics::Metrics>,
+    limits: health::HttpLimits,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    if !config.server.enable_pprof {
+        return Ok(None);
+    }
+    let addr = SocketAddr::new(config.server.pprof_address, config.server.pprof_port);
+    let listener = health::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} for profiles (--enable-pprof, --pprof-port)")
+    })?;
+    tracing::warn!(
+        debug = %listener.local_addr().unwrap_or(addr),
+        "debug server listening (--enable-pprof): CPU and heap profiles, /debug/stats"
+    );
+    let debug = debug::Debug::new(metrics.clone(), config.server.max_profile_seconds);
+    Ok(Some(tokio::spawn(health::serve(
+        listener,
+        health::Routes::Debug(Arc::new(debug)),
+        limits,
+        stop,
+    ))))
 }
 
 /// How often `oci_provider_ready` is brought up to date.

@@ -8,16 +8,9 @@ use std::path::{Path, PathBuf};
 const MAX_FILE_LINES: usize = 600;
 const MAX_FN_LINES: usize = 80;
 
-/// Functions over the bound today, `file:function` and their length: each is a step
-/// function whose split would only move lines around (a builder or a serve loop), or is
-/// next to be split. Shorten, then lower or remove the entry.
-const OVER: &[(&str, usize)] = &[
-    ("bin/src/health.rs:serve", 81),
-    ("bin/src/lib.rs:run", 88),
-    ("bin/src/metrics/mod.rs:new", 82),
-    ("crates/cache/src/lib.rs:get_or_fetch", 87),
-    ("crates/h2-authority/src/reader.rs:process", 89),
-];
+/// Functions over the bound, `file:function` and their length, each allowed only to
+/// shrink. None is today; an entry here is a debt to pay, not a place to park a function.
+const OVER: &[(&str, usize)] = &[];
 
 /// The code of a file before its `#[cfg(test)] mod tests`.
 fn library_part(text: &str) -> Vec<&str> {

@@ -74,6 +74,42 @@ pub(crate) struct ScrapeSources {
     pub(crate) otlp: crate::otel::OtlpClient,
 }
 
+/// The gauges set once (the build, the in-flight limit) and the readiness gauge, which
+/// is answered.
+fn register_constants(
+    registry: &mut Registry,
+    version: &'static str,
+    max_in_flight_mounts: usize,
+) -> Gauge {
+    let limit = Gauge::<i64>::default();
+    limit.set(i64::try_from(max_in_flight_mounts).unwrap_or(i64::MAX));
+    registry.register(
+        "mounts_in_flight_limit",
+        "server.max_in_flight_mounts: mounts past it are shed",
+        limit,
+    );
+    let ready = Gauge::default();
+    registry.register(
+        "ready",
+        "1 while the provider serves its socket and Version answers on it (what /readyz \
+         checks, every 2 s), else 0",
+        ready.clone(),
+    );
+    let build = Family::<BuildLabel, Gauge>::default();
+    let fips = if cfg!(feature = "fips") {
+        "true"
+    } else {
+        "false"
+    };
+    build.get_or_create(&BuildLabel { version, fips }).set(1);
+    registry.register(
+        "build_info",
+        "Provider version, and whether it runs on AWS-LC's FIPS module",
+        build,
+    );
+    ready
+}
+
 impl Metrics {
     pub(crate) fn new(
         version: &'static str,
@@ -98,32 +134,7 @@ impl Metrics {
             duration.clone(),
         );
         registry.register("mounts_in_flight", "Mounts being served", in_flight.clone());
-        let limit = Gauge::<i64>::default();
-        limit.set(i64::try_from(max_in_flight_mounts).unwrap_or(i64::MAX));
-        registry.register(
-            "mounts_in_flight_limit",
-            "server.max_in_flight_mounts: mounts past it are shed",
-            limit,
-        );
-        let ready = Gauge::default();
-        registry.register(
-            "ready",
-            "1 while the provider serves its socket and Version answers on it (what /readyz \
-             checks, every 2 s), else 0",
-            ready.clone(),
-        );
-        let build = Family::<BuildLabel, Gauge>::default();
-        let fips = if cfg!(feature = "fips") {
-            "true"
-        } else {
-            "false"
-        };
-        build.get_or_create(&BuildLabel { version, fips }).set(1);
-        registry.register(
-            "build_info",
-            "Provider version, and whether it runs on AWS-LC's FIPS module",
-            build,
-        );
+        let ready = register_constants(registry, version, max_in_flight_mounts);
         let sources = StatsSources {
             transport: transport.clone(),
             bundles: caches.bundles.clone(),

@@ -197,6 +197,14 @@ struct Stored<V> {
     generation: u64,
 }
 
+/// One caller's part in a flight: whether it led the fetch, its attempt, its deadline.
+#[derive(Clone, Copy)]
+struct Flight {
+    led: bool,
+    attempts: usize,
+    deadline: tokio::time::Instant,
+}
+
 /// How many times a waiter starts over after a flight it did not lead ended with the
 /// leader's own deadline, or with a value it cannot use, before it gives up.
 pub const MAX_ATTEMPTS: usize = 8;
@@ -298,19 +306,9 @@ where
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let stale = match inner.map.get(key).await {
-                Some(stored) if self.fresh(&stored) && usable(&stored.value) => {
-                    counters.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok((stored.value.clone(), Lookup::Hit));
-                }
-                Some(stored) => {
-                    let expired = !self.fresh(&stored);
-                    if self.remove_generation(key, stored.generation).await && expired {
-                        counters.evicted_expired.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(stored.value.clone())
-                }
-                None => None,
+            let stale = match self.stored(key, &usable).await {
+                Ok(hit) => return Ok((hit, Lookup::Hit)),
+                Err(stale) => stale,
             };
             let led = AtomicBool::new(false);
             let init = async {
@@ -326,45 +324,85 @@ where
                         E::waited_too_long("waiting for the same fetch by another mount")
                     })?;
             drop(in_flight);
-            let led = led.load(Ordering::Relaxed);
-            match joined {
-                Ok(stored) => {
-                    if led {
-                        counters.misses.fetch_add(1, Ordering::Relaxed);
-                        if inner.config.ttl == Some(Duration::ZERO) {
-                            self.remove_generation(key, stored.generation).await;
-                        }
-                        return Ok((stored.value.clone(), Lookup::Fetched));
-                    }
-                    if usable(&stored.value) {
-                        counters.joined.fetch_add(1, Ordering::Relaxed);
-                        return Ok((stored.value.clone(), Lookup::Joined));
-                    }
-                    if attempts >= MAX_ATTEMPTS {
-                        // Never hand a caller a value it refused.
-                        counters.unusable.fetch_add(1, Ordering::Relaxed);
-                        return Err(E::waited_too_long(
-                            "waiting for a value this caller can use: the fetches it joined \
-                             kept bringing another caller's",
-                        ));
-                    }
-                    // Another caller's value this one cannot use (e.g. another service
-                    // account uid under one name): start over.
+            let flight = Flight {
+                led: led.load(Ordering::Relaxed),
+                attempts,
+                deadline,
+            };
+            if let Some(answer) = self.settle(key, joined, flight, &usable).await {
+                return answer;
+            }
+        }
+    }
+
+    /// The value stored for `key` if it is fresh and `usable` (a hit); otherwise what was
+    /// stored (a stale value the fetch may use), removed.
+    async fn stored(&self, key: &K, usable: &impl Fn(&V) -> bool) -> Result<V, Option<V>> {
+        let counters = &self.inner.counters;
+        match self.inner.map.get(key).await {
+            Some(stored) if self.fresh(&stored) && usable(&stored.value) => {
+                counters.hits.fetch_add(1, Ordering::Relaxed);
+                Ok(stored.value.clone())
+            }
+            Some(stored) => {
+                let expired = !self.fresh(&stored);
+                if self.remove_generation(key, stored.generation).await && expired {
+                    counters.evicted_expired.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(shared) => {
-                    if led {
-                        counters.misses.fetch_add(1, Ordering::Relaxed);
-                        // The engine keeps a clone for the waiters, so the leader's own
-                        // error comes back shared as well.
-                        return Err(E::from_shared(shared));
-                    }
-                    let time_left = tokio::time::Instant::now() < deadline;
-                    if !(shared.is_leaders_own() && time_left && attempts < MAX_ATTEMPTS) {
-                        counters.joined.fetch_add(1, Ordering::Relaxed);
-                        return Err(E::from_shared(shared));
-                    }
+                Err(Some(stored.value.clone()))
+            }
+            None => Err(None),
+        }
+    }
+
+    /// What a finished flight means for this caller: its answer, or `None` to start over
+    /// (another caller's value this one cannot use, or a leader that ran out of its own,
+    /// earlier deadline while this caller has time left).
+    async fn settle<E: JoinError>(
+        &self,
+        key: &K,
+        joined: Result<Arc<Stored<V>>, Arc<E>>,
+        flight: Flight,
+        usable: &impl Fn(&V) -> bool,
+    ) -> Option<Result<(V, Lookup), E>> {
+        let counters = &self.inner.counters;
+        match joined {
+            Ok(stored) if flight.led => {
+                counters.misses.fetch_add(1, Ordering::Relaxed);
+                if self.inner.config.ttl == Some(Duration::ZERO) {
+                    self.remove_generation(key, stored.generation).await;
+                }
+                Some(Ok((stored.value.clone(), Lookup::Fetched)))
+            }
+            Ok(stored) if usable(&stored.value) => {
+                counters.joined.fetch_add(1, Ordering::Relaxed);
+                Some(Ok((stored.value.clone(), Lookup::Joined)))
+            }
+            // Never hand a caller a value it refused.
+            Ok(_) if flight.attempts >= MAX_ATTEMPTS => {
+                counters.unusable.fetch_add(1, Ordering::Relaxed);
+                Some(Err(E::waited_too_long(
+                    "waiting for a value this caller can use: the fetches it joined kept \
+                     bringing another caller's",
+                )))
+            }
+            // Another caller's value this one cannot use (e.g. another service account
+            // uid under one name): start over.
+            Ok(_) => None,
+            Err(shared) if flight.led => {
+                counters.misses.fetch_add(1, Ordering::Relaxed);
+                // The engine keeps a clone for the waiters, so the leader's own error
+                // comes back shared as well.
+                Some(Err(E::from_shared(shared)))
+            }
+            Err(shared) => {
+                let time_left = tokio::time::Instant::now() < flight.deadline;
+                if shared.is_leaders_own() && time_left && flight.attempts < MAX_ATTEMPTS {
                     // The leader ran out of its own (earlier) deadline: try with ours.
+                    return None;
                 }
+                counters.joined.fetch_add(1, Ordering::Relaxed);
+                Some(Err(E::from_shared(shared)))
             }
         }
     }

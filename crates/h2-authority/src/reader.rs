@@ -273,44 +273,8 @@ impl Reader {
                     self.state = State::Pass(remaining - n);
                 }
                 State::Head => {
-                    let Some(bytes) = self.input.first_chunk::<HEAD_LEN>() else {
+                    if !self.frame_head(observer)? {
                         return Ok(());
-                    };
-                    let head = Head::parse(bytes);
-                    if let Some(block) = &self.block
-                        && head.kind != CONTINUATION
-                    {
-                        return Err(RewriteError::ContinuationExpected {
-                            kind: frame::kind_name(head.kind),
-                            stream: head.stream,
-                            expected: block.stream,
-                        });
-                    }
-                    match head.kind {
-                        HEADERS | CONTINUATION => {
-                            if head.len > self.limits.max_frame_size as usize {
-                                return Err(RewriteError::FrameTooLarge {
-                                    kind: frame::kind_name(head.kind),
-                                    len: head.len,
-                                    max: self.limits.max_frame_size,
-                                });
-                            }
-                            self.state = State::Payload(head);
-                        }
-                        SETTINGS => {
-                            if head.flags & frame::ACK != 0
-                                && head.stream == 0
-                                && let Some(parameters) = observer.acknowledged()
-                            {
-                                self.apply(&parameters);
-                            }
-                            self.pass(HEAD_LEN);
-                            self.state = State::Pass(head.len);
-                        }
-                        _ => {
-                            self.pass(HEAD_LEN);
-                            self.state = State::Pass(head.len);
-                        }
                     }
                 }
                 State::Payload(head) => {
@@ -324,6 +288,52 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// Reads a frame head: a header block's frames are rewritten (their payload is read
+    /// next), a SETTINGS ACK applies the settings it acknowledges, other frames pass.
+    /// `false`: the head has not arrived whole yet.
+    fn frame_head(&mut self, observer: &mut Observer) -> Result<bool, RewriteError> {
+        let Some(bytes) = self.input.first_chunk::<HEAD_LEN>() else {
+            return Ok(false);
+        };
+        let head = Head::parse(bytes);
+        if let Some(block) = &self.block
+            && head.kind != CONTINUATION
+        {
+            return Err(RewriteError::ContinuationExpected {
+                kind: frame::kind_name(head.kind),
+                stream: head.stream,
+                expected: block.stream,
+            });
+        }
+        match head.kind {
+            HEADERS | CONTINUATION => {
+                if head.len > self.limits.max_frame_size as usize {
+                    return Err(RewriteError::FrameTooLarge {
+                        kind: frame::kind_name(head.kind),
+                        len: head.len,
+                        max: self.limits.max_frame_size,
+                    });
+                }
+                self.state = State::Payload(head);
+            }
+            SETTINGS => {
+                if head.flags & frame::ACK != 0
+                    && head.stream == 0
+                    && let Some(parameters) = observer.acknowledged()
+                {
+                    self.apply(&parameters);
+                }
+                self.pass(HEAD_LEN);
+                self.state = State::Pass(head.len);
+            }
+            _ => {
+                self.pass(HEAD_LEN);
+                self.state = State::Pass(head.len);
+            }
+        }
+        Ok(true)
     }
 
     fn pass(&mut self, n: usize) {
