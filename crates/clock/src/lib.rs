@@ -72,3 +72,38 @@ impl Clock for ManualClock {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock = ManualClock::new(start);
+        assert_eq!(clock.now(), start);
+        assert_eq!(clock.now(), start, "reading does not move it");
+        clock.advance(Duration::from_secs(30));
+        assert_eq!(clock.now(), start + Duration::from_secs(30));
+        clock.set(start);
+        assert_eq!(clock.now(), start);
+    }
+
+    #[test]
+    fn every_holder_of_a_shared_clock_reads_the_same_time() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let manual = Arc::new(ManualClock::new(start));
+        let (a, b): (SharedClock, SharedClock) = (manual.clone(), manual.clone());
+        manual.advance(Duration::from_secs(5));
+        assert_eq!(a.now(), start + Duration::from_secs(5));
+        assert_eq!(a.now(), b.now());
+    }
+
+    #[test]
+    fn the_system_clock_reads_the_system_time() {
+        let before = SystemTime::now();
+        let read = SystemClock.now();
+        let after = SystemTime::now();
+        assert!(before <= read && read <= after, "{read:?}");
+    }
+}
