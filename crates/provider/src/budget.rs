@@ -321,11 +321,6 @@ impl<R> Metered<R> {
             mount: Arc::clone(mount),
         }
     }
-
-    /// The request.
-    pub fn request(&self) -> &R {
-        &self.request
-    }
 }
 
 /// A fetch that did not run or did not finish within the bounds.

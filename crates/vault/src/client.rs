@@ -264,25 +264,25 @@ where
     }
 
     fn call(&mut self, attempt: Attempt<R>) -> Self::Future {
-        let exchange = Exchange {
+        let attempt = OneAttempt {
             http: self.http.clone(),
             user_agent: self.user_agent.clone(),
             max_body_bytes: self.max_body_bytes,
             attempt,
         };
-        Box::pin(exchange.run())
+        Box::pin(attempt.run())
     }
 }
 
 /// One attempt in progress.
-struct Exchange<S, R> {
+struct OneAttempt<S, R> {
     http: S,
     user_agent: HeaderValue,
     max_body_bytes: Option<usize>,
     attempt: Attempt<R>,
 }
 
-impl<S, E, R: Call> Exchange<S, R>
+impl<S, E, R: Call> OneAttempt<S, R>
 where
     S: Service<Request<Bytes>, Response = Response<Bytes>, Error = E> + Clone + Send + 'static,
     S::Future: Send + 'static,

@@ -9,7 +9,7 @@ use crate::error::MountError;
 use crate::request::MountRequest;
 use crate::response::MountResponse;
 
-/// Contains a panic of the mount service, in its `call` or its future: that one mount
+/// Contains a panic of the mount service, in its readiness, its `call` or its future: that one mount
 /// fails with Internal, and the connection and the process go on serving. The panic's
 /// message is not logged (it could quote what the service was handling).
 #[derive(Clone, Copy, Debug, Default)]
@@ -44,7 +44,9 @@ where
     type Future = BoxMount;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), MountError>> {
-        self.inner.poll_ready(cx)
+        // A panic here fails the mount that asked (the caller drops this clone).
+        std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.poll_ready(cx)))
+            .unwrap_or_else(|_| Poll::Ready(Err(panicked())))
     }
 
     fn call(&mut self, request: MountRequest) -> BoxMount {

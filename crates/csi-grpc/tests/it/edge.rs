@@ -158,7 +158,7 @@ async fn a_mount_not_done_by_its_deadline_is_deadline_exceeded_naming_what_was_g
 }
 
 #[tokio::test]
-async fn a_panic_in_the_call_or_in_the_future_is_internal_for_that_mount() {
+async fn a_panic_in_readiness_in_the_call_or_in_the_future_is_internal_for_that_mount() {
     let in_future = tower::service_fn(|_: MountRequest| async {
         if true {
             panic!("boom: secret-bytes");
@@ -173,9 +173,12 @@ async fn a_panic_in_the_call_or_in_the_future_is_internal_for_that_mount() {
     assert_eq!(err.kind(), ErrorKind::Internal);
     assert!(!err.message().contains("secret-bytes"), "{err}");
 
+    /// Panics in its readiness or in its call, as told.
     #[derive(Clone)]
-    struct PanicsInCall;
-    impl Service<MountRequest> for PanicsInCall {
+    struct Panics {
+        in_ready: bool,
+    }
+    impl Service<MountRequest> for Panics {
         type Response = MountResponse;
         type Error = MountError;
         type Future = std::future::Ready<Result<MountResponse, MountError>>;
@@ -183,18 +186,21 @@ async fn a_panic_in_the_call_or_in_the_future_is_internal_for_that_mount() {
             &mut self,
             _: &mut std::task::Context<'_>,
         ) -> std::task::Poll<Result<(), MountError>> {
+            assert!(!self.in_ready, "boom in poll_ready");
             std::task::Poll::Ready(Ok(()))
         }
         fn call(&mut self, _: MountRequest) -> Self::Future {
             panic!("boom in call")
         }
     }
-    let err = CatchPanicLayer
-        .layer(PanicsInCall)
-        .oneshot(request("a", Duration::from_secs(9)))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Internal);
+    for in_ready in [false, true] {
+        let err = CatchPanicLayer
+            .layer(Panics { in_ready })
+            .oneshot(request("a", Duration::from_secs(9)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Internal, "in_ready {in_ready}");
+    }
 }
 
 #[tokio::test]
