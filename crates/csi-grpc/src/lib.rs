@@ -50,8 +50,9 @@ pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};
 pub use path::{FilePath, PathError, validate_file_set};
 pub use request::{
-    Caller, Deadline, FileMode, MountRequest, ObjectVersion, Pod, SERVICE_ACCOUNT_TOKENS_KEY,
-    SYNC_CONTROLLER_TARGET_PATH, ServiceAccountToken, ServiceAccountTokens,
+    Caller, Deadline, FileMode, MAX_REQUEST_BYTES, MountRequest, ObjectVersion, Pod,
+    SERVICE_ACCOUNT_TOKENS_KEY, SYNC_CONTROLLER_TARGET_PATH, ServiceAccountToken,
+    ServiceAccountTokens,
 };
 pub use response::{File, FileContents, MountResponse};
 pub use server::{

@@ -77,13 +77,29 @@ pub enum Caller {
 }
 
 impl Caller {
-    fn of(target_path: &str, attributes: &BTreeMap<String, String>) -> Self {
-        if target_path == SYNC_CONTROLLER_TARGET_PATH
-            && !attributes.contains_key(SECRET_PROVIDER_CLASS_KEY)
-        {
-            Caller::SyncController
-        } else {
-            Caller::Driver
+    /// Who sent a request of this target path and these attributes.
+    ///
+    /// The target path is the caller's own (kubelet's path for the driver, the constant
+    /// [`SYNC_CONTROLLER_TARGET_PATH`] for the controller), while the attributes hold the
+    /// SecretProviderClass's parameters, which the controller copies as they are. So a class
+    /// could add a `secretProviderClass` parameter and make a controller's request look like
+    /// a driver's (whose identity rules would then ask for a TokenRequest bound to the
+    /// controller's pod in the tenant's namespace). When the marks disagree that way the
+    /// request is refused, naming the parameter: a silent choice either way could be wrong.
+    fn of(target_path: &str, attributes: &BTreeMap<String, String>) -> Result<Self, MountError> {
+        let controllers_path = target_path == SYNC_CONTROLLER_TARGET_PATH;
+        match (
+            controllers_path,
+            attributes.contains_key(SECRET_PROVIDER_CLASS_KEY),
+        ) {
+            (true, false) => Ok(Caller::SyncController),
+            (true, true) => Err(MountError::invalid_argument(format!(
+                "the request has the secrets-store-sync-controller's target path \
+                 {SYNC_CONTROLLER_TARGET_PATH} and a {SECRET_PROVIDER_CLASS_KEY:?} attribute, \
+                 which only the driver sets: the SecretProviderClass must not have a parameter \
+                 named {SECRET_PROVIDER_CLASS_KEY:?} (the controller copies its parameters)"
+            ))),
+            (false, _) => Ok(Caller::Driver),
         }
     }
 
@@ -218,7 +234,7 @@ impl MountRequest {
             uid: attributes.get(POD_UID_KEY).cloned(),
             service_account: attributes.get(SERVICE_ACCOUNT_NAME_KEY).cloned(),
         };
-        let caller = Caller::of(&request.target_path, &attributes);
+        let caller = Caller::of(&request.target_path, &attributes)?;
         let current_object_versions = request
             .current_object_version
             .into_iter()
@@ -274,26 +290,29 @@ impl From<Instant> for Deadline {
     }
 }
 
-/// Where a JSON document stopped parsing, without quoting it.
-fn json_position(err: &serde_json::Error) -> String {
-    let what = match err.classify() {
-        serde_json::error::Category::Io => "read error",
-        serde_json::error::Category::Syntax => "syntax error",
-        serde_json::error::Category::Data => "unexpected value",
-        serde_json::error::Category::Eof => "unexpected end of input",
-    };
-    format!("{what} at line {} column {}", err.line(), err.column())
+/// The largest request the server decodes (tonic's default `max_decoding_message_size`,
+/// set explicitly in [`crate::CsiProvider::into_service`]): each JSON document of a request
+/// is parsed within it.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// The budget of the request's JSON documents: no larger than the request itself.
+const REQUEST_JSON: bounded::ParseBudget = bounded::ParseBudget::new(MAX_REQUEST_BYTES);
+
+/// Where a JSON document stopped parsing, without quoting it (the documents carry tokens).
+fn json_position(err: &bounded::ParseError) -> String {
+    err.to_string()
 }
 
 fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> {
     const PREFIX: &str =
         "failed to unmarshal SecretProviderClass parameters or attributes provided by driver";
-    let object: serde_json::Map<String, Value> = serde_json::from_str(json).map_err(|e| {
-        MountError::invalid_argument(format!(
-            "{PREFIX}: attributes must be a JSON object of strings ({})",
-            json_position(&e)
-        ))
-    })?;
+    let object: serde_json::Map<String, Value> = bounded::json::from_str(json, &REQUEST_JSON)
+        .map_err(|e| {
+            MountError::invalid_argument(format!(
+                "{PREFIX}: attributes must be a JSON object of strings ({})",
+                json_position(&e)
+            ))
+        })?;
     let mut attributes = BTreeMap::new();
     for (key, value) in object {
         match value {
@@ -303,7 +322,8 @@ fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> 
             // The value is not quoted: the tokens attribute carries credentials.
             other => {
                 return Err(MountError::invalid_argument(format!(
-                    "{PREFIX}: attribute {key:?} must be a string, not {}",
+                    "{PREFIX}: attribute {} must be a string, not {}",
+                    bounded::quote(&key),
                     json_type(&other)
                 )));
             }
@@ -328,12 +348,13 @@ fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountErro
     if trimmed.is_empty() || trimmed == "null" {
         return Ok(BTreeMap::new());
     }
-    let object: serde_json::Map<String, Value> = serde_json::from_str(trimmed).map_err(|e| {
-        MountError::invalid_argument(format!(
-            "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
-            json_position(&e)
-        ))
-    })?;
+    let object: serde_json::Map<String, Value> = bounded::json::from_str(trimmed, &REQUEST_JSON)
+        .map_err(|e| {
+            MountError::invalid_argument(format!(
+                "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
+                json_position(&e)
+            ))
+        })?;
     let mut secrets = BTreeMap::new();
     for (key, value) in object {
         match value {
@@ -342,7 +363,8 @@ fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountErro
             }
             other => {
                 return Err(MountError::invalid_argument(format!(
-                    "failed to unmarshal node publish secrets: entry {key:?} must be a string, not {}",
+                    "failed to unmarshal node publish secrets: entry {} must be a string, not {}",
+                    bounded::quote(&key),
                     json_type(&other)
                 )));
             }
@@ -365,13 +387,14 @@ fn parse_tokens(json: &str) -> Result<ServiceAccountTokens, MountError> {
     if trimmed.is_empty() || trimmed == "null" {
         return Ok(ServiceAccountTokens::default());
     }
-    let raw: BTreeMap<String, RawToken> = serde_json::from_str(json).map_err(|e| {
-        MountError::invalid_argument(format!(
-            "{SERVICE_ACCOUNT_TOKENS_KEY} must be a JSON object mapping each audience to \
+    let raw: BTreeMap<String, RawToken> =
+        bounded::json::from_str(json, &REQUEST_JSON).map_err(|e| {
+            MountError::invalid_argument(format!(
+                "{SERVICE_ACCOUNT_TOKENS_KEY} must be a JSON object mapping each audience to \
              {{\"token\", \"expirationTimestamp\"}} ({})",
-            json_position(&e)
-        ))
-    })?;
+                json_position(&e)
+            ))
+        })?;
     Ok(ServiceAccountTokens(
         raw.into_iter()
             .map(|(audience, t)| {
@@ -395,8 +418,9 @@ fn parse_permission(permission: &str) -> Result<FileMode, MountError> {
         .and_then(FileMode::new);
     mode.ok_or_else(|| {
         MountError::invalid_argument(format!(
-            "failed to unmarshal file permission: {permission:?} is not a decimal file mode \
-             between 0 and 511 (0777)"
+            "failed to unmarshal file permission: {} is not a decimal file mode \
+             between 0 and 511 (0777)",
+            bounded::quote(permission)
         ))
     })
 }
@@ -447,25 +471,37 @@ mod tests {
     }
 
     #[test]
-    fn the_sync_controller_is_told_by_its_target_path_and_the_missing_class_attribute() {
+    fn the_sync_controller_is_told_by_its_target_path_and_a_class_parameter_cannot_disguise_it() {
         let controller = serde_json::json!({
             "secrets": "- name: a\n",
             "csi.storage.k8s.io/pod.namespace": "ns",
         });
         let mut driver = controller.clone();
         driver["secretProviderClass"] = "spc".into();
-        let at = |target: &str, attributes: &serde_json::Value| {
+        let translate = |target: &str, attributes: &serde_json::Value| {
             let mut r = request(&attributes.to_string(), "{}", "420");
             r.target_path = target.into();
-            MountRequest::from_proto(r, Instant::now()).unwrap().caller
+            MountRequest::from_proto(r, Instant::now())
+        };
+        let at = |target: &str, attributes: &serde_json::Value| {
+            translate(target, attributes).unwrap().caller
         };
         assert_eq!(
             at(SYNC_CONTROLLER_TARGET_PATH, &controller),
             Caller::SyncController
         );
-        // Either mark alone is a driver's request: a pod mounting at /mnt/secrets-store
-        // still has kubelet's path, and every driver version adds secretProviderClass.
-        assert_eq!(at(SYNC_CONTROLLER_TARGET_PATH, &driver), Caller::Driver);
+        // The controller copies the class's parameters: one named secretProviderClass must
+        // not turn its request into a driver's (which may request a token bound to the
+        // controller's pod in the tenant's namespace). The disagreement is refused.
+        let err = translate(SYNC_CONTROLLER_TARGET_PATH, &driver).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            err.message()
+                .contains("must not have a parameter named \"secretProviderClass\""),
+            "{err}"
+        );
+        // Kubelet's path is the driver's, with or without the attribute (a pod's own mount
+        // path is never the target path).
         assert_eq!(
             at(
                 "/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/v/mount",

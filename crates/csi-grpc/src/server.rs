@@ -150,7 +150,10 @@ impl<S> CsiProvider<S> {
     where
         S: MountService,
     {
+        // Explicit, though it is tonic's default: the request's JSON documents are parsed
+        // within it (`MAX_REQUEST_BYTES`).
         CsiDriverProviderServer::new(self)
+            .max_decoding_message_size(crate::request::MAX_REQUEST_BYTES)
     }
 }
 
