@@ -203,15 +203,13 @@ fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> 
         files: Vec::new(),
         errors: vec![error],
     };
-    let documents: Vec<Value> = match serde_saphyr::from_multiple::<Value>(text) {
+    // Manifests are read within a budget like every document: a file of aliases cannot
+    // take the checker's memory either.
+    const MANIFESTS: bounded::ParseBudget = bounded::ParseBudget::new(16 * 1024 * 1024);
+    let documents: Vec<Value> = match bounded::yaml::from_multiple::<Value>(text, &MANIFESTS, 4096)
+    {
         Ok(docs) => docs,
-        Err(err) => {
-            let at = err
-                .location()
-                .map(|l| format!(" at line {}, column {}", l.line(), l.column()))
-                .unwrap_or_default();
-            return vec![report("-", "-", format!("not YAML{at}"))];
-        }
+        Err(err) => return vec![report("-", "-", err.detail())],
     };
     let mut objects = Vec::new();
     for doc in documents {
@@ -271,18 +269,18 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         uid: Some("00000000-0000-0000-0000-000000000000".to_owned()),
         service_account: Some(args.service_account.clone()),
     };
-    // The class as Mount parses it (first error), then each entry alone, so that every
-    // entry's error is reported, not only the first.
+    // The class as Mount parses it: every problem, in order.
     match MountParameters::parse_within(&attributes, &pod, allowed.limits) {
         Ok(params) => {
             r.errors.extend(provider_policy(&params, allowed));
             r.files = files_in_order(&params);
         }
-        Err(err) => r.errors.push(err.to_string()),
-    }
-    for message in entry_errors(&attributes, &pod) {
-        if !r.errors.contains(&message) {
-            r.errors.push(message);
+        Err(err) => {
+            r.errors.extend(err.problems().iter().cloned());
+            let unlisted = err.count() - err.problems().len();
+            if unlisted > 0 {
+                r.errors.push(format!("and {unlisted} more problems"));
+            }
         }
     }
     if !r.errors.is_empty() {
@@ -359,35 +357,6 @@ fn files_in_order(params: &MountParameters) -> Vec<Value> {
         .collect();
     files.sort_by_key(|(index, _)| *index);
     files.into_iter().flat_map(|(_, f)| f).collect()
-}
-
-/// Each entry of a list of several parsed alone, its error renumbered to its place.
-fn entry_errors(
-    attributes: &std::collections::BTreeMap<String, String>,
-    pod: &csi_grpc::Pod,
-) -> Vec<String> {
-    let Some(entries) = attributes
-        .get("secrets")
-        .and_then(|yaml| serde_saphyr::from_str::<Vec<Value>>(yaml).ok())
-        .filter(|entries| entries.len() > 1)
-    else {
-        return Vec::new();
-    };
-    let mut errors = Vec::new();
-    for (index, entry) in entries.iter().enumerate() {
-        let mut one = attributes.clone();
-        let Ok(yaml) = serde_json::to_string(&[entry]) else {
-            continue;
-        };
-        one.insert("secrets".to_owned(), yaml);
-        if let Err(err) = MountParameters::parse(&one, pod) {
-            errors.push(
-                err.to_string()
-                    .replace("secrets[0]", &format!("secrets[{index}]")),
-            );
-        }
-    }
-    errors
 }
 
 /// The files of a certificate entry, as `check` prints them.

@@ -94,7 +94,45 @@ fn usage_errors_exit_2() {
     // Not YAML at all is a finding (1), not a usage error.
     let (code, out, _) = check(&["-"], Some("key: [unclosed\n"));
     assert_eq!(code, 1);
-    assert!(out.contains("not YAML at line"), "{out}");
+    assert!(
+        out.contains("not valid YAML: syntax error at line 1"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_problem_of_one_class_is_named_in_one_run() {
+    // A bad region, an unquoted mode, an escaping fileName and both versionNumber and stage:
+    // four problems, each on its line (it used to stop at the region).
+    let class = r#"apiVersion: secrets-store.csi.x-k8s.io/v1
+kind: SecretProviderClass
+metadata: {name: four, namespace: app}
+spec:
+  provider: oci
+  parameters:
+    authType: workload
+    vaultId: ocid1.vault.oc1.iad.example
+    region: "not a region!"
+    secrets: |
+      - name: a
+        mode: 400
+      - name: b
+        fileName: ../escape
+      - name: c
+        versionNumber: 2
+        stage: CURRENT
+"#;
+    let (code, out, _) = check(&["-"], Some(class));
+    assert_eq!(code, 1);
+    assert!(out.contains("app/four: 4 errors"), "{out}");
+    for fragment in [
+        "secrets[0].mode 400 is a YAML number",
+        "secrets[1].fileName",
+        "either with a version number or with stage: secrets[2]",
+        "parameter \"region\" \"not a region!\"",
+    ] {
+        assert!(out.contains(fragment), "{fragment:?} not in {out}");
+    }
 }
 
 #[test]

@@ -26,7 +26,7 @@ pub struct FilePath(String);
 
 /// Why a path would be refused by the driver.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("file path {path:?} {reason}")]
+#[error("file path {} {reason}", bounded::quote(path))]
 pub struct PathError {
     path: String,
     reason: PathRule,
@@ -76,7 +76,11 @@ impl fmt::Display for PathRule {
             }
             PathRule::Duplicate => f.write_str("is returned twice"),
             PathRule::FileIsDirectory(child) => {
-                write!(f, "is a file but also the directory of {child:?}")
+                write!(
+                    f,
+                    "is a file but also the directory of {}",
+                    bounded::quote(child)
+                )
             }
         }
     }

@@ -23,8 +23,8 @@ pub use extract::{Format, KeySpec};
 pub use failover::{Failover, FailoverLayer, RegionStats, ServedBy, WithFailover};
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MountParameters, ParamError, ParseLimits, SecretSource, SecretSpec, Stage,
-    VersionSelector,
+    Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MountParameters, ParamError, ParseLimits,
+    SecretSource, SecretSpec, Stage, VersionSelector,
 };
 pub use service::{BundleResponse, IdentityService, MountContext, OciMount, SecretsService};
 

@@ -5,8 +5,9 @@ use csi_grpc::FilePath;
 
 use super::class::check_ocid;
 use super::entries::{parse_mode, parse_selector};
-use super::yaml::RawSecret;
-use super::{CertificateKind, CertificateSpec, ParamError, RETRIEVE_PREFIX};
+use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
+use super::yaml::{Field, RawSecret};
+use super::{CertificateKind, CertificateSpec};
 
 /// The certificate kind an entry names, if it names one (several are refused later).
 pub(super) fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {
@@ -38,16 +39,28 @@ pub(super) fn takes(kind: CertificateKind) -> &'static str {
     }
 }
 
-/// A `certificateId` / `certificateAuthorityId` / `caBundleId` entry.
+/// A `certificateId` / `certificateAuthorityId` / `caBundleId` entry, each field checked
+/// whatever the others gave.
 pub(super) fn check_certificate(
     index: usize,
     kind: CertificateKind,
     item: &RawSecret,
 ) -> Result<CertificateSpec, ParamError> {
-    let id = certificate_id(index, kind, item)?;
-    let selector = parse_selector(index, item, &id)?;
+    let mut problems = Problems::default();
+    let id = problems.take(certificate_id(index, kind, item));
+    let shown = id.as_deref().unwrap_or_default();
+    let selector = problems.take(parse_selector(index, item, shown));
     let private_key = item.private_key.unwrap_or(false);
-    let files = CertificateFiles::of(index, kind, item, &id, private_key)?;
+    let files = id
+        .as_deref()
+        .and_then(|id| problems.take(CertificateFiles::of(index, kind, item, id, private_key)));
+    let mode = problems.take(parse_mode(index, item.mode.as_ref()));
+    problems.finish()?;
+    let (Some(id), Some(selector), Some(files), Some(mode)) = (id, selector, files, mode) else {
+        return Err(ParamError::new(
+            "internal error: a certificate field was neither checked nor refused",
+        ));
+    };
     Ok(CertificateSpec {
         index,
         kind,
@@ -56,7 +69,7 @@ pub(super) fn check_certificate(
         cert_path: files.cert,
         chain_path: files.chain,
         key_path: files.key,
-        mode: parse_mode(index, item.mode.as_ref())?,
+        mode,
         id,
     })
 }
@@ -78,14 +91,14 @@ fn certificate_id(
     .map(|(k, _)| k)
     .collect();
     if named.len() > 1 {
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}] has {}: give exactly one",
             named.join(" and ")
         )));
     }
     if let Some(bad) = item.misplaced(Some(kind)) {
         let applies = takes(kind);
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{bad} does not apply to a {field} entry: {applies}"
         )));
     }
@@ -129,7 +142,7 @@ impl CertificateFiles {
             Some(d) if !d.is_empty() => Some(d.trim_end_matches('/').to_owned()),
             _ => Some(id.rsplit('.').next().unwrap_or(id).to_owned()),
         };
-        let file = |key: &str, given: &Option<String>, default: &str| {
+        let file = |key: &str, given: &Option<Field>, default: &str| {
             let name = given
                 .as_deref()
                 .map(str::trim)
@@ -140,7 +153,7 @@ impl CertificateFiles {
                 None => name.to_owned(),
             };
             FilePath::new(path).map_err(|e| {
-                ParamError(format!(
+                ParamError::new(format!(
                     "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{key}: {e}"
                 ))
             })
@@ -155,7 +168,7 @@ impl CertificateFiles {
         let key = match (private_key, &item.key_file_name) {
             (true, given) => Some(file("keyFileName", given, "tls.key")?),
             (false, Some(_)) => {
-                return Err(ParamError(format!(
+                return Err(ParamError::new(format!(
                     "{RETRIEVE_PREFIX}: secrets[{index}].keyFileName needs privateKey: true"
                 )));
             }

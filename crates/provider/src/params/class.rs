@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use bounded::quote;
 use csi_grpc::Pod;
 
-use super::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, ParamError, VAULT_ID};
+use super::problems::ParamError;
+use super::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, VAULT_ID};
 
 pub(super) fn parse_auth(
     attributes: &BTreeMap<String, String>,
@@ -14,7 +16,7 @@ pub(super) fn parse_auth(
     const KINDS: &str = "expected one of user, instance, workload";
     let auth = match attributes.get(AUTH_TYPE).map(String::as_str) {
         None | Some("") => {
-            return Err(ParamError(format!(
+            return Err(ParamError::new(format!(
                 "missed \"authType\" SecretProviderClass parameters: {KINDS}"
             )));
         }
@@ -25,7 +27,7 @@ pub(super) fn parse_auth(
                 secret_name: name.to_owned(),
             },
             _ => {
-                return Err(ParamError(
+                return Err(ParamError::new(
                     "missed \"authSecretName\" SecretProviderClass parameters: authType \"user\" \
                      reads the API key from this Kubernetes Secret in the pod's namespace"
                         .to_owned(),
@@ -33,13 +35,14 @@ pub(super) fn parse_auth(
             }
         },
         Some(other) => {
-            return Err(ParamError(format!(
-                "invalid auth principal type, {other}: parameter \"authType\" {KINDS} (lower case)"
+            return Err(ParamError::new(format!(
+                "invalid auth principal type, {}: parameter \"authType\" {KINDS} (lower case)",
+                quote(other)
             )));
         }
     };
     let missing = |what: &str, key: &str| {
-        ParamError(format!(
+        ParamError::new(format!(
             "authType \"{}\" needs the pod's {what} ({key}); is podInfoOnMount enabled on the \
              secrets-store.csi.k8s.io CSIDriver?",
             auth.auth_type()
@@ -76,9 +79,10 @@ pub(super) fn parse_region(
         {
             Ok(Some(r.to_ascii_lowercase()))
         }
-        Some(r) => Err(ParamError(format!(
-            "parameter {key:?} {r:?} is not a region id or short code (e.g. us-ashburn-1 or iad): \
-             letters, digits and hyphens only, never a host"
+        Some(r) => Err(ParamError::new(format!(
+            "parameter {key:?} {} is not a region id or short code (e.g. us-ashburn-1 or iad): \
+             letters, digits and hyphens only, never a host",
+            quote(r)
         ))),
     }
 }
@@ -97,9 +101,10 @@ pub(super) fn parse_vault_id(
 /// vault OCIDs) of the right type, so a typo is named before any call.
 pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
     if id.len() > MAX_OCI_PARAMETER_LEN || id.trim() != id || id.is_empty() {
-        return Err(ParamError(format!(
-            "{what} {id:?} is not a {kind} OCID (at most {MAX_OCI_PARAMETER_LEN} characters, no \
-             surrounding spaces)"
+        return Err(ParamError::new(format!(
+            "{what} {} is not a {kind} OCID (at most {MAX_OCI_PARAMETER_LEN} characters, no \
+             surrounding spaces)",
+            quote(id)
         )));
     }
     let prefix = match kind {
@@ -110,8 +115,9 @@ pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, Par
     // The Go provider sent any vaultId as given; only OCIDs of what it did not read (secret
     // and certificate OCIDs, new) are held to their type.
     if kind != "vault" && !id.starts_with(prefix) {
-        return Err(ParamError(format!(
-            "{what} {id:?} is not a {kind} OCID: it must start with {prefix}"
+        return Err(ParamError::new(format!(
+            "{what} {} is not a {kind} OCID: it must start with {prefix}",
+            quote(id)
         )));
     }
     Ok(id.to_owned())

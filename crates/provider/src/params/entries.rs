@@ -3,91 +3,117 @@
 
 use std::collections::BTreeMap;
 
-use csi_grpc::validate_file_set;
+use bounded::quote;
+use csi_grpc::{FilePath, validate_file_set};
 
 use super::certificate::{certificate_kind, check_certificate};
+use super::problems::{ParamError, Problems, RETRIEVE_PREFIX, UNMARSHAL_PREFIX};
 use super::secret::{check_secret, refuse_certificate_fields};
 use super::yaml::{RawMode, RawSecret, RawVersion};
-use super::{
-    CertificateSpec, MAX_OCI_PARAMETER_LEN, ParamError, RETRIEVE_PREFIX, SecretSpec, Stage,
-    UNMARSHAL_PREFIX, VersionSelector,
-};
+use super::{CertificateSpec, MAX_OCI_PARAMETER_LEN, SecretSpec, Stage, VersionSelector};
 
-/// `failover`: `None` without `failoverRegion`, else the class-level `failoverVaultId`.
+/// Every entry, each checked whatever the others gave; their problems go to `problems` and
+/// the entries without any are answered. `failover`: `None` without `failoverRegion`, else
+/// the class-level `failoverVaultId`.
 pub(super) fn check_secrets(
     raw: Vec<RawSecret>,
     class_vault: Option<&str>,
     failover: Option<Option<&str>>,
-) -> Result<(Vec<SecretSpec>, Vec<CertificateSpec>), ParamError> {
+    problems: &mut Problems,
+) -> (Vec<SecretSpec>, Vec<CertificateSpec>) {
     if raw.is_empty() {
-        return Err(ParamError(format!(
+        problems.note(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
         )));
+        return (Vec::new(), Vec::new());
     }
     let mut specs = Vec::with_capacity(raw.len());
-    // Output path -> the index of the entry that writes it, for duplicate messages.
-    let mut paths: BTreeMap<String, usize> = BTreeMap::new();
     let mut certificates = Vec::new();
+    let mut files = FileNames::default();
+
     for (index, item) in raw.into_iter().enumerate() {
         if let Some(kind) = certificate_kind(&item) {
-            let spec = check_certificate(index, kind, &item)?;
-            for path in spec.files() {
-                if let Some(first) = paths.insert(path.as_str().to_owned(), index) {
-                    return Err(ParamError(format!(
-                        "{RETRIEVE_PREFIX}: duplicated file name: {path}: secrets[{first}] and \
-                         secrets[{index}] would both be written to file {:?}",
-                        path.as_str()
-                    )));
+            if let Some(spec) = problems.take(check_certificate(index, kind, &item)) {
+                for path in spec.files() {
+                    problems.take(files.claim(path, index, None, "duplicated file name"));
                 }
+                certificates.push(spec);
             }
-            certificates.push(spec);
             continue;
         }
-        refuse_certificate_fields(index, &item)?;
-        let spec = check_secret(index, &item, class_vault, failover)?;
-        let from_file_name = item
-            .file_name
-            .as_deref()
-            .is_some_and(|f| !f.trim().is_empty());
+        problems.take(refuse_certificate_fields(index, &item));
+        let Some(spec) = check_secret(index, &item, class_vault, failover, problems) else {
+            continue;
+        };
         for (k, key) in spec.keys.iter().enumerate() {
-            if let Some(first) = paths.insert(key.path.as_str().to_owned(), index) {
-                return Err(ParamError(format!(
-                    "{RETRIEVE_PREFIX}: duplicated fileName name: {}: secrets[{first}] and \
-                     secrets[{index}].keys[{k}] would both be written to file {:?}",
-                    key.path, key.path
-                )));
-            }
+            problems.take(files.claim(&key.path, index, Some(k), "duplicated fileName name"));
         }
-        if !spec.whole {
-            specs.push(spec);
-            continue;
-        }
-        if let Some(first) = paths.insert(spec.path.as_str().to_owned(), index) {
+        if spec.whole {
+            let from_file_name = item
+                .file_name
+                .as_deref()
+                .is_some_and(|f| !f.trim().is_empty());
             let what = if from_file_name {
                 "duplicated fileName name"
             } else {
                 "duplicated secret name"
             };
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: {what}: {}: secrets[{first}] and secrets[{index}] would both \
-                 be written to file {:?}",
-                spec.path, spec.path
-            )));
+            problems.take(files.claim(&spec.path, index, None, what));
         }
         specs.push(spec);
     }
-    validate_file_set(
-        specs
-            .iter()
-            .flat_map(SecretSpec::files)
-            .chain(certificates.iter().flat_map(CertificateSpec::files)),
-    )
-    .map_err(|e| {
-        ParamError(format!(
-            "{RETRIEVE_PREFIX}: invalid file name in parameter \"secrets\": {e}"
-        ))
-    })?;
-    Ok((specs, certificates))
+    // The driver's rules for the set (no file that is also a directory, ...); duplicates
+    // were named above, entry by entry.
+    if files.duplicated {
+        return (specs, certificates);
+    }
+    problems.take(
+        validate_file_set(
+            specs
+                .iter()
+                .flat_map(SecretSpec::files)
+                .chain(certificates.iter().flat_map(CertificateSpec::files)),
+        )
+        .map_err(|e| {
+            ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: invalid file name in parameter \"secrets\": {e}"
+            ))
+        }),
+    );
+    (specs, certificates)
+}
+
+/// The files written so far, the entry writing each, and whether one was claimed twice.
+#[derive(Default)]
+struct FileNames {
+    claimed: BTreeMap<String, usize>,
+    duplicated: bool,
+}
+
+impl FileNames {
+    /// `path` for entry `index` (its `keys[k]` item), refused when an earlier entry writes it.
+    fn claim(
+        &mut self,
+        path: &FilePath,
+        index: usize,
+        key: Option<usize>,
+        what: &str,
+    ) -> Result<(), ParamError> {
+        let Some(first) = self.claimed.insert(path.as_str().to_owned(), index) else {
+            return Ok(());
+        };
+        self.duplicated = true;
+        let this = match key {
+            Some(k) => format!("secrets[{index}].keys[{k}]"),
+            None => format!("secrets[{index}]"),
+        };
+        Err(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: {what}: {}: secrets[{first}] and {this} would both be written to \
+             file {}",
+            quote(path.as_str()),
+            quote(path.as_str())
+        )))
+    }
 }
 
 /// `stage`, `versionNumber`, `versionName`: at most one (default stage `CURRENT`).
@@ -99,9 +125,10 @@ pub(super) fn parse_selector(
     let stage = match item.stage.as_deref() {
         None | Some("") => None,
         Some(s) => Some(s.parse::<Stage>().map_err(|_| {
-            ParamError(format!(
-                "{UNMARSHAL_PREFIX}: secrets[{index}].stage {s:?} is not one of CURRENT, PENDING, \
-                 LATEST, PREVIOUS, DEPRECATED (upper case)"
+            ParamError::new(format!(
+                "{UNMARSHAL_PREFIX}: secrets[{index}].stage {} is not one of CURRENT, PENDING, \
+                 LATEST, PREVIOUS, DEPRECATED (upper case)",
+                quote(s)
             ))
         })?),
     };
@@ -112,9 +139,10 @@ pub(super) fn parse_selector(
     let version_name = match item.version_name.as_deref() {
         None | Some("") => None,
         Some(n) if n.len() > MAX_OCI_PARAMETER_LEN || n.trim() != n => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secrets[{index}].versionName {n:?} is not a version name (at \
-                 most {MAX_OCI_PARAMETER_LEN} characters, no surrounding spaces)"
+            return Err(ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].versionName {} is not a version name (at \
+                 most {MAX_OCI_PARAMETER_LEN} characters, no surrounding spaces)",
+                quote(n)
             )));
         }
         Some(n) => Some(n.to_owned()),
@@ -122,16 +150,19 @@ pub(super) fn parse_selector(
     Ok(match (stage, number, version_name) {
         (None, None, Some(version_name)) => VersionSelector::Name(version_name),
         (Some(stage), Some(number), _) => {
-            return Err(ParamError(format!(
+            return Err(ParamError::new(format!(
                 "{RETRIEVE_PREFIX}: secret should be identified either with a version number or \
-                 with stage: secrets[{index}] ({shown:?}) has stage {stage} and versionNumber {number}"
+                 with stage: secrets[{index}] ({}) has stage {stage} and versionNumber {number}",
+                quote(shown)
             )));
         }
         (stage, number, Some(version_name)) => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secrets[{index}] ({shown:?}) has versionName \
-                 {version_name:?} and also {}: give at most one of stage, versionNumber, \
+            return Err(ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}] ({}) has versionName \
+                 {} and also {}: give at most one of stage, versionNumber, \
                  versionName",
+                quote(shown),
+                quote(&version_name),
                 stage.map_or_else(
                     || format!("versionNumber {}", number.unwrap_or_default()),
                     |s| format!("stage {s}")
@@ -153,13 +184,13 @@ pub(super) fn parse_mode(
         Some(RawMode::Text(t)) if t.is_empty() => return Ok(None),
         Some(RawMode::Text(t)) => t,
         Some(RawMode::Integer(n)) => {
-            return Err(ParamError(format!(
+            return Err(ParamError::new(format!(
                 "{RETRIEVE_PREFIX}: secrets[{index}].mode {n} is a YAML number: quote it, e.g. \
                  mode: \"0400\" (YAML 1.1 and 1.2 read an unquoted 0400 differently)"
             )));
         }
         Some(RawMode::Other) => {
-            return Err(ParamError(format!(
+            return Err(ParamError::new(format!(
                 "{RETRIEVE_PREFIX}: secrets[{index}].mode must be a quoted octal mode such as \"0400\""
             )));
         }
@@ -168,17 +199,20 @@ pub(super) fn parse_mode(
     let mode = u32::from_str_radix(text, 8)
         .ok()
         .filter(|m| octal && *m <= 0o777);
-    mode.and_then(csi_grpc::FileMode::new).map(Some).ok_or_else(|| {
-        ParamError(format!(
-            "{RETRIEVE_PREFIX}: secrets[{index}].mode {text:?} is not a file mode: 3 or 4 octal \
-             digits, at most 0777 (e.g. \"0400\", \"640\")"
-        ))
-    })
+    mode.and_then(csi_grpc::FileMode::new)
+        .map(Some)
+        .ok_or_else(|| {
+            ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}].mode {} is not a file mode: 3 or 4 octal \
+             digits, at most 0777 (e.g. \"0400\", \"640\")",
+                quote(text)
+            ))
+        })
 }
 
 fn parse_version_number(index: usize, raw: &RawVersion) -> Result<Option<u64>, ParamError> {
     let bad = |shown: &str| {
-        ParamError(format!(
+        ParamError::new(format!(
             "{UNMARSHAL_PREFIX}: secrets[{index}].versionNumber {shown} must be a whole number \
              greater than 0"
         ))
@@ -191,7 +225,7 @@ fn parse_version_number(index: usize, raw: &RawVersion) -> Result<Option<u64>, P
         RawVersion::Text(t) if t.is_empty() => Ok(None),
         RawVersion::Text(t) => match t.parse::<u64>() {
             Ok(n) if n > 0 && t.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(n)),
-            _ => Err(bad(&format!("{t:?}"))),
+            _ => Err(bad(&quote(t).to_string())),
         },
         RawVersion::Other(o) => Err(bad(o)),
     }

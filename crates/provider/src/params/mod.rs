@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use csi_grpc::{FilePath, MountError, Pod};
+use csi_grpc::{FilePath, Pod};
 use serde::Deserialize;
 
 use crate::extract::{Format, KeySpec};
@@ -14,11 +14,16 @@ use crate::extract::{Format, KeySpec};
 mod certificate;
 mod class;
 mod entries;
+mod problems;
 mod secret;
 mod yaml;
 
+use bounded::quote;
 use class::{check_ocid, parse_auth, parse_region, parse_vault_id};
 use entries::check_secrets;
+pub use problems::{MAX_PROBLEMS, ParamError};
+use problems::{Problems, RETRIEVE_PREFIX};
+pub use yaml::MAX_SECRETS_BYTES;
 use yaml::parse_secrets_yaml;
 
 const SECRETS: &str = "secrets";
@@ -31,11 +36,6 @@ const FAILOVER_VAULT_ID: &str = "failoverVaultId";
 
 /// Longest secret name and vault OCID the Secrets API accepts (spec 2.2).
 const MAX_OCI_PARAMETER_LEN: usize = 255;
-
-/// The Go provider's prefixes, kept so messages read the same to existing users.
-const HANDLE_PREFIX: &str = "unable to handle SecretProviderClass secrets";
-const UNMARSHAL_PREFIX: &str = "unable to handle SecretProviderClass secrets: failed to unmarshal SecretProviderClass parameter \"secrets\"";
-const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
 
 /// Entries a mount's `secrets` list may have unless configured otherwise
 /// (`server.max_secrets_per_mount`).
@@ -295,19 +295,6 @@ pub struct MountParameters {
     pub failover_region: Option<String>,
 }
 
-/// A parameter the driver sent that cannot be used. Always `InvalidArgument`: retrying the
-/// same SecretProviderClass cannot succeed. The message names the parameter, the entry and
-/// the value; parameters hold names and OCIDs, never secret material.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ParamError(String);
-
-impl From<ParamError> for MountError {
-    fn from(err: ParamError) -> Self {
-        MountError::invalid_argument(err.0)
-    }
-}
-
 impl MountParameters {
     /// Validates the parameters of a mount. `pod` is needed where the identity depends on
     /// it (user and workload principals). At most [`DEFAULT_MAX_SECRETS`] entries.
@@ -341,38 +328,66 @@ impl MountParameters {
         pod: &Pod,
         limits: ParseLimits,
     ) -> Result<Self, ParamError> {
-        let raw = parse_secrets_yaml(attributes, limits)?;
-        let auth = parse_auth(attributes, pod)?;
-        let vault_id = parse_vault_id(attributes)?;
-        let region = parse_region(attributes, REGION)?;
-        let failover_region = parse_region(attributes, FAILOVER_REGION)?;
-        let failover_vault = match attributes.get(FAILOVER_VAULT_ID).map(String::as_str) {
-            None | Some("") => None,
-            Some(id) => Some(check_ocid("parameter \"failoverVaultId\"", id, "vault")?),
-        };
-        if failover_vault.is_some() && failover_region.is_none() {
-            return Err(ParamError(
-                "parameter \"failoverVaultId\" needs \"failoverRegion\", the region of that vault"
-                    .to_owned(),
+        // Every check runs whatever the others found, so one error names every problem.
+        let mut problems = Problems::default();
+        let raw = problems.take(parse_secrets_yaml(attributes, limits));
+        let auth = problems.take(parse_auth(attributes, pod));
+        let vault_id = problems.take(parse_vault_id(attributes));
+        let region = problems.take(parse_region(attributes, REGION));
+        let failover_region = problems.take(parse_region(attributes, FAILOVER_REGION));
+        let failover_vault = problems.take(match attributes.get(FAILOVER_VAULT_ID) {
+            None => Ok(None),
+            Some(id) if id.is_empty() => Ok(None),
+            Some(id) => check_ocid("parameter \"failoverVaultId\"", id, "vault").map(Some),
+        });
+        if let (Some(Some(_)), Some(None)) = (&failover_vault, &failover_region) {
+            problems.note(ParamError::new(
+                "parameter \"failoverVaultId\" needs \"failoverRegion\", the region of that vault",
             ));
         }
-        if let (Some(primary), Some(failover)) = (&region, &failover_region)
+        if let (Some(Some(primary)), Some(Some(failover))) = (&region, &failover_region)
             && primary == failover
         {
-            return Err(ParamError(format!(
-                "parameter \"failoverRegion\" {failover:?} is the primary region: name another"
+            problems.note(ParamError::new(format!(
+                "parameter \"failoverRegion\" {} is the primary region: name another",
+                quote(failover)
             )));
         }
-        let failover = failover_region.as_ref().map(|_| failover_vault.as_deref());
-        let (secrets, certificates) = check_secrets(raw, vault_id.as_deref(), failover)?;
-        let files = secrets.iter().map(|s| s.files().count()).sum::<usize>()
-            + certificates
-                .iter()
-                .map(|c| c.files().count())
-                .sum::<usize>();
-        if files > limits.max_files {
-            return Err(too_many_files(files, limits.max_files));
+        // A class vault that is itself a problem stands as an empty vault, so that its
+        // entries are not also reported as naming none (the mount fails either way).
+        let class_vault = match &vault_id {
+            Some(id) => id.as_deref(),
+            None => Some(""),
+        };
+        let failover_vault = failover_vault.flatten();
+        let failover = match &failover_region {
+            Some(Some(_)) => Some(failover_vault.as_deref()),
+            _ => None,
+        };
+        let checked = raw.map(|raw| check_secrets(raw, class_vault, failover, &mut problems));
+        if let Some((secrets, certificates)) = &checked {
+            let files = secrets.iter().map(|s| s.files().count()).sum::<usize>()
+                + certificates
+                    .iter()
+                    .map(|c| c.files().count())
+                    .sum::<usize>();
+            if files > limits.max_files {
+                problems.note(too_many_files(files, limits.max_files));
+            }
         }
+        problems.finish()?;
+        let (
+            Some((secrets, certificates)),
+            Some(auth),
+            Some(vault_id),
+            Some(region),
+            Some(failover_region),
+        ) = (checked, auth, vault_id, region, failover_region)
+        else {
+            return Err(ParamError::new(
+                "internal error: a parameter was neither checked nor refused",
+            ));
+        };
         Ok(Self {
             secrets,
             certificates,
@@ -385,7 +400,7 @@ impl MountParameters {
 }
 
 fn too_many_files(files: usize, max: usize) -> ParamError {
-    ParamError(format!(
+    ParamError::new(format!(
         "{RETRIEVE_PREFIX}: the mount would write {files} files (entries, keys items and \
          certificate files), more than the {max} one mount may write \
          (server.max_files_per_mount); split it over several SecretProviderClasses"

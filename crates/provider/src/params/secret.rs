@@ -1,20 +1,19 @@
 //! Secret entries (`name` or `secretId`): their source, version, file, encoding, `keys` and
 //! failover.
 
+use bounded::quote;
 use csi_grpc::FilePath;
 
 use super::class::check_ocid;
 use super::entries::{parse_mode, parse_selector};
+use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
 use super::yaml::{RawKey, RawSecret};
-use super::{
-    Encoding, Format, KeySpec, MAX_OCI_PARAMETER_LEN, ParamError, RETRIEVE_PREFIX, SecretSource,
-    SecretSpec,
-};
+use super::{Encoding, Format, KeySpec, MAX_OCI_PARAMETER_LEN, SecretSource, SecretSpec};
 
 /// A secret entry with a field that only certificate entries take.
 pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
     match item.misplaced(None) {
-        Some(field) => Err(ParamError(format!(
+        Some(field) => Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to certificate entries only \
              (certificateId, certificateAuthorityId, caBundleId)"
         ))),
@@ -23,26 +22,46 @@ pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Resul
 }
 
 /// A `name` or `secretId` entry: its source, version and file, then what it is written as
-/// (encoding, `keys`), then where it is read on failover.
+/// (encoding, `keys`), then where it is read on failover. Each field is checked whatever
+/// the others gave (a field that needs the source waits for one); the problems go to
+/// `problems`.
 pub(super) fn check_secret(
     index: usize,
     item: &RawSecret,
     class_vault: Option<&str>,
     failover: Option<Option<&str>>,
-) -> Result<SecretSpec, ParamError> {
-    let source = secret_source(index, item, class_vault)?;
-    let selector = parse_selector(index, item, source.display())?;
-    let (field, path) = secret_path(index, item, &source)?;
-    let (keys, format) = secret_keys(index, item)?;
-    let failover = secret_failover(index, item, failover, &source)?;
-    Ok(SecretSpec {
+    problems: &mut Problems,
+) -> Option<SecretSpec> {
+    let source = problems.take(secret_source(index, item, class_vault));
+    let shown = match &source {
+        Some(source) => source.display(),
+        None => item
+            .name
+            .as_deref()
+            .or(item.secret_id.as_deref())
+            .unwrap_or_default(),
+    };
+    let selector = problems.take(parse_selector(index, item, shown));
+    let path = source
+        .as_ref()
+        .and_then(|source| problems.take(secret_path(index, item, source)));
+    let keys = secret_keys(index, item, problems);
+    let failover = source
+        .as_ref()
+        .and_then(|source| problems.take(secret_failover(index, item, failover, source)));
+    let mode = problems.take(parse_mode(index, item.mode.as_ref()));
+    let encoding = problems.take(parse_encoding(index, item.encoding.as_deref()));
+    let (source, selector, (field, path), (keys, format), failover, mode, encoding) = (
+        source?, selector?, path?, keys?, failover?, mode?, encoding?,
+    );
+    Some(SecretSpec {
         index,
         failover,
         source,
         selector,
         path,
-        mode: parse_mode(index, item.mode.as_ref())?,
-        encoding: parse_encoding(index, item.encoding.as_deref())?,
+        mode,
+        encoding,
         // With keys, the whole secret is written too only where the entry names its file.
         whole: keys.is_empty() || field == "fileName",
         keys,
@@ -59,19 +78,23 @@ fn secret_source(
     let name = item.name.as_deref().unwrap_or_default();
     let secret_id = item.secret_id.as_deref().unwrap_or_default();
     match (name.trim().is_empty(), secret_id.is_empty()) {
-        (true, true) => Err(ParamError(format!(
+        (true, true) => Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: missed secret name: secrets[{index}].name is empty (or give \
              secrets[{index}].secretId, a secret OCID)"
         ))),
-        (false, false) => Err(ParamError(format!(
-            "{RETRIEVE_PREFIX}: secrets[{index}] has both name {name:?} and secretId \
-             {secret_id:?}: give exactly one"
+        (false, false) => Err(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}] has both name {} and secretId \
+             {}: give exactly one",
+            quote(name),
+            quote(secret_id)
         ))),
         (true, false) => {
             if let Some(vault) = &item.vault_id {
-                return Err(ParamError(format!(
-                    "{RETRIEVE_PREFIX}: secrets[{index}].vaultId {vault:?} applies to name \
-                     entries only; secretId {secret_id:?} already names the secret"
+                return Err(ParamError::new(format!(
+                    "{RETRIEVE_PREFIX}: secrets[{index}].vaultId {} applies to name \
+                     entries only; secretId {} already names the secret",
+                    quote(vault),
+                    quote(secret_id)
                 )));
             }
             let what = format!("{RETRIEVE_PREFIX}: secrets[{index}].secretId");
@@ -79,7 +102,7 @@ fn secret_source(
         }
         (false, true) => {
             if name.len() > MAX_OCI_PARAMETER_LEN {
-                return Err(ParamError(format!(
+                return Err(ParamError::new(format!(
                     "{RETRIEVE_PREFIX}: secrets[{index}].name is {} characters long; OCI secret \
                      names have at most {MAX_OCI_PARAMETER_LEN}",
                     name.len()
@@ -91,10 +114,11 @@ fn secret_source(
                     check_ocid(&what, own, "vault")?
                 }
                 None => class_vault.map(str::to_owned).ok_or_else(|| {
-                    ParamError(format!(
+                    ParamError::new(format!(
                         "missed \"vaultId\" SecretProviderClass parameters: the OCID of the \
-                         vault that holds the secrets (secrets[{index}] {name:?} has no vaultId \
-                         of its own)"
+                         vault that holds the secrets (secrets[{index}] {} has no vaultId \
+                         of its own)",
+                        quote(name)
                     ))
                 })?,
             };
@@ -119,48 +143,54 @@ fn secret_path(
         (_, SecretSource::Id(id)) => ("secretId", id.rsplit('.').next().unwrap_or(id).to_owned()),
     };
     let path = FilePath::new(&raw_path).map_err(|e| {
-        ParamError(format!(
+        ParamError::new(format!(
             "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].{field}: {e}"
         ))
     })?;
     Ok((field, path))
 }
 
-/// `keys` (not empty when given) and the `format` they are read with (only with keys).
+/// `keys` (not empty when given, each item checked) and the `format` they are read with
+/// (only with keys).
 fn secret_keys(
     index: usize,
     item: &RawSecret,
-) -> Result<(Vec<KeySpec>, Option<Format>), ParamError> {
-    let format = match item.format.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(f) if f.eq_ignore_ascii_case("json") => Some(Format::Json),
-        Some(f) if f.eq_ignore_ascii_case("yaml") => Some(Format::Yaml),
-        Some(f) => {
-            return Err(ParamError(format!(
-                "{RETRIEVE_PREFIX}: secrets[{index}].format {f:?} is not one of json, yaml"
-            )));
-        }
-    };
-    let keys: Vec<KeySpec> = match item.keys.as_ref().map(|k| &k.0) {
-        None => Vec::new(),
+    problems: &mut Problems,
+) -> Option<(Vec<KeySpec>, Option<Format>)> {
+    let format = problems.take(match item.format.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(f) if f.eq_ignore_ascii_case("json") => Ok(Some(Format::Json)),
+        Some(f) if f.eq_ignore_ascii_case("yaml") => Ok(Some(Format::Yaml)),
+        Some(f) => Err(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].format {} is not one of json, yaml",
+            quote(f)
+        ))),
+    });
+    let keys: Option<Vec<KeySpec>> = match item.keys.as_ref().map(|k| &k.0) {
+        None => Some(Vec::new()),
         Some(keys) if keys.is_empty() => {
-            return Err(ParamError(format!(
+            problems.note(ParamError::new(format!(
                 "{RETRIEVE_PREFIX}: secrets[{index}].keys is an empty list: name at least one key, \
                  or leave keys out to write the whole secret"
             )));
+            None
         }
-        Some(keys) => keys
-            .iter()
-            .enumerate()
-            .map(|(k, raw)| check_key(index, k, raw))
-            .collect::<Result<_, _>>()?,
+        Some(keys) => {
+            let checked: Vec<Option<KeySpec>> = keys
+                .iter()
+                .enumerate()
+                .map(|(k, raw)| problems.take(check_key(index, k, raw)))
+                .collect();
+            checked.into_iter().collect()
+        }
     };
-    if format.is_some() && keys.is_empty() {
-        return Err(ParamError(format!(
+    if matches!(format, Some(Some(_))) && item.keys.is_none() {
+        problems.note(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].format applies with keys only"
         )));
+        return None;
     }
-    Ok((keys, format))
+    Some((keys?, format?))
 }
 
 /// Where the entry is read in the failover region (`failover`: `None` without
@@ -180,12 +210,12 @@ fn secret_failover(
         }
     };
     match (failover, source) {
-        (None, _) if own_vault.is_some() => Err(ParamError(format!(
+        (None, _) if own_vault.is_some() => Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].failoverVaultId needs the class parameter \
              \"failoverRegion\""
         ))),
         (None, _) => Ok(None),
-        (Some(_), SecretSource::Id(_)) if own_vault.is_some() => Err(ParamError(format!(
+        (Some(_), SecretSource::Id(_)) if own_vault.is_some() => Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].failoverVaultId applies to name entries \
              only; a secretId is the same in its replica"
         ))),
@@ -194,10 +224,11 @@ fn secret_failover(
             let vault_id = own_vault
                 .or_else(|| class_vault.map(str::to_owned))
                 .ok_or_else(|| {
-                    ParamError(format!(
-                        "{RETRIEVE_PREFIX}: secrets[{index}] {name:?} is read by name, so with \
+                    ParamError::new(format!(
+                        "{RETRIEVE_PREFIX}: secrets[{index}] {} is read by name, so with \
                          \"failoverRegion\" it needs the replica vault: set \"failoverVaultId\" \
-                         (or secrets[{index}].failoverVaultId)"
+                         (or secrets[{index}].failoverVaultId)",
+                        quote(name)
                     ))
                 })?;
             Ok(Some(SecretSource::Name {
@@ -211,7 +242,7 @@ fn secret_failover(
 fn check_key(index: usize, k: usize, raw: &RawKey) -> Result<KeySpec, ParamError> {
     let key = raw.key.as_deref().unwrap_or_default();
     if key.is_empty() || key.len() > 1024 {
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].keys[{k}].key must be a top-level key or a JSON \
              Pointer starting with / (1 to 1024 characters)"
         )));
@@ -221,15 +252,18 @@ fn check_key(index: usize, k: usize, raw: &RawKey) -> Result<KeySpec, ParamError
         _ => ("key", KeySpec::default_file_name(key)),
     };
     let path = FilePath::new(&name).map_err(|e| {
-        ParamError(format!(
-            "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].keys[{k}].{field} {name:?}: {e}"
+        ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].keys[{k}].{field} {}: {e}",
+            quote(&name)
         ))
     })?;
     let mode = parse_mode(index, raw.mode.as_ref()).map_err(|e| {
-        ParamError(e.0.replace(
-            &format!("secrets[{index}].mode"),
-            &format!("secrets[{index}].keys[{k}].mode"),
-        ))
+        e.map(|problem| {
+            problem.replace(
+                &format!("secrets[{index}].mode"),
+                &format!("secrets[{index}].keys[{k}].mode"),
+            )
+        })
     })?;
     Ok(KeySpec {
         key: key.to_owned(),
@@ -246,8 +280,9 @@ fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamErro
         }
         Some(e) if e.eq_ignore_ascii_case("base64") => Ok(Encoding::Base64),
         Some(e) if e.eq_ignore_ascii_case("hex") => Ok(Encoding::Hex),
-        Some(e) => Err(ParamError(format!(
-            "{RETRIEVE_PREFIX}: secrets[{index}].encoding {e:?} is not one of utf-8, base64, hex"
+        Some(e) => Err(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].encoding {} is not one of utf-8, base64, hex",
+            quote(e)
         ))),
     }
 }

@@ -7,10 +7,24 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::{
-    CertificateKind, HANDLE_PREFIX, ParamError, ParseLimits, RETRIEVE_PREFIX, SECRETS,
-    UNMARSHAL_PREFIX,
-};
+use bounded::{BoundedString, ParseBudget};
+
+use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX};
+use super::{CertificateKind, ParseLimits, SECRETS};
+
+/// The largest `secrets` parameter parsed: 256 entries of 1 KiB each. Its aliases may
+/// expand it to twice its size at most, never past this.
+pub const MAX_SECRETS_BYTES: usize = 256 * 1024;
+
+/// The longest value of any entry field, refused as it is read (a `keys` item's `key`, at
+/// most 1024 characters, is the longest any field takes).
+const MAX_FIELD_BYTES: usize = 1024;
+
+/// A field of an entry as written: text of at most [`MAX_FIELD_BYTES`].
+pub(super) type Field = BoundedString<MAX_FIELD_BYTES>;
+
+/// The budget of the `secrets` parameter's parse.
+const SECRETS_BUDGET: ParseBudget = ParseBudget::new(MAX_SECRETS_BYTES);
 
 std::thread_local! {
     /// Files the list being parsed on this thread may still name (`None`: no parse under
@@ -62,6 +76,17 @@ impl<'de> Deserialize<'de> for CappedKeys {
 /// The marker of the parse error that the file allowance ran out.
 const TOO_MANY_FILES: &str = "too many files";
 
+/// A scalar field's text, refused past [`MAX_FIELD_BYTES`] as it is read.
+fn text_field<E: de::Error>(v: &str) -> Result<String, E> {
+    if v.len() > MAX_FIELD_BYTES {
+        return Err(E::custom(format_args!(
+            "a string of {} bytes, longer than the {MAX_FIELD_BYTES} this field takes",
+            v.len()
+        )));
+    }
+    Ok(v.to_owned())
+}
+
 /// `versionNumber` as written: Go accepts an integer or a quoted integer, nothing else.
 #[derive(Debug)]
 pub(super) enum RawVersion {
@@ -94,7 +119,7 @@ impl<'de> Deserialize<'de> for RawVersion {
                 Ok(RawVersion::Other(v.to_string()))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawVersion, E> {
-                Ok(RawVersion::Text(v.to_owned()))
+                text_field(v).map(RawVersion::Text)
             }
             fn visit_unit<E: de::Error>(self) -> Result<RawVersion, E> {
                 Ok(RawVersion::Text(String::new()))
@@ -137,7 +162,7 @@ impl<'de> Deserialize<'de> for RawMode {
                 Ok(RawMode::Other)
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawMode, E> {
-                Ok(RawMode::Text(v.to_owned()))
+                text_field(v).map(RawMode::Text)
             }
             fn visit_unit<E: de::Error>(self) -> Result<RawMode, E> {
                 Ok(RawMode::Text(String::new()))
@@ -150,47 +175,47 @@ impl<'de> Deserialize<'de> for RawMode {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSecret {
-    pub(super) name: Option<String>,
+    pub(super) name: Option<Field>,
     #[serde(rename = "secretId")]
-    pub(super) secret_id: Option<String>,
+    pub(super) secret_id: Option<Field>,
     #[serde(rename = "vaultId")]
-    pub(super) vault_id: Option<String>,
-    pub(super) stage: Option<String>,
+    pub(super) vault_id: Option<Field>,
+    pub(super) stage: Option<Field>,
     #[serde(rename = "versionNumber")]
     pub(super) version_number: Option<RawVersion>,
     #[serde(rename = "versionName")]
-    pub(super) version_name: Option<String>,
+    pub(super) version_name: Option<Field>,
     #[serde(rename = "fileName")]
-    pub(super) file_name: Option<String>,
+    pub(super) file_name: Option<Field>,
     pub(super) mode: Option<RawMode>,
-    pub(super) encoding: Option<String>,
+    pub(super) encoding: Option<Field>,
     pub(super) keys: Option<CappedKeys>,
-    pub(super) format: Option<String>,
+    pub(super) format: Option<Field>,
     #[serde(rename = "failoverVaultId")]
-    pub(super) failover_vault_id: Option<String>,
+    pub(super) failover_vault_id: Option<Field>,
     #[serde(rename = "certificateId")]
-    pub(super) certificate_id: Option<String>,
+    pub(super) certificate_id: Option<Field>,
     #[serde(rename = "certificateAuthorityId")]
-    pub(super) certificate_authority_id: Option<String>,
+    pub(super) certificate_authority_id: Option<Field>,
     #[serde(rename = "caBundleId")]
-    pub(super) ca_bundle_id: Option<String>,
+    pub(super) ca_bundle_id: Option<Field>,
     #[serde(rename = "privateKey")]
     pub(super) private_key: Option<bool>,
-    pub(super) directory: Option<String>,
+    pub(super) directory: Option<Field>,
     #[serde(rename = "certFileName")]
-    pub(super) cert_file_name: Option<String>,
+    pub(super) cert_file_name: Option<Field>,
     #[serde(rename = "chainFileName")]
-    pub(super) chain_file_name: Option<String>,
+    pub(super) chain_file_name: Option<Field>,
     #[serde(rename = "keyFileName")]
-    pub(super) key_file_name: Option<String>,
+    pub(super) key_file_name: Option<Field>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawKey {
-    pub(super) key: Option<String>,
+    pub(super) key: Option<Field>,
     #[serde(rename = "fileName")]
-    pub(super) file_name: Option<String>,
+    pub(super) file_name: Option<Field>,
     pub(super) mode: Option<RawMode>,
 }
 
@@ -200,12 +225,12 @@ pub(super) fn parse_secrets_yaml(
 ) -> Result<Vec<RawSecret>, ParamError> {
     let max_secrets = limits.max_secrets;
     let yaml = attributes.get(SECRETS).ok_or_else(|| {
-        ParamError(format!(
+        ParamError::new(format!(
             "{HANDLE_PREFIX}: missed \"secrets\" SecretProviderClass parameters"
         ))
     })?;
     if yaml.trim().is_empty() {
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{HANDLE_PREFIX}: missed content of SecretProviderClass parameter \"secrets\""
         )));
     }
@@ -215,15 +240,13 @@ pub(super) fn parse_secrets_yaml(
         over: &over,
     };
     let previous = FILES_LEFT.with(|left| left.replace(Some(limits.max_files)));
-    let parsed = serde_saphyr::with_deserializer_from_str(yaml, |de| {
-        serde::de::DeserializeSeed::deserialize(seed, de)
-    });
+    let parsed = bounded::yaml::with_seed(yaml, &SECRETS_BUDGET, seed);
     let files_over = FILES_LEFT.with(|left| left.replace(previous)) == Some(0)
         && parsed
             .as_ref()
-            .is_err_and(|e| e.to_string().contains(TOO_MANY_FILES));
+            .is_err_and(|e| e.detail().contains(TOO_MANY_FILES));
     if files_over {
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: the list names more than {} files (entries and keys items), \
              the most one mount may write (server.max_files_per_mount); parsing stopped there: \
              split it over several SecretProviderClasses",
@@ -231,17 +254,25 @@ pub(super) fn parse_secrets_yaml(
         )));
     }
     if over.get() {
-        return Err(ParamError(format!(
+        return Err(ParamError::new(format!(
             "{UNMARSHAL_PREFIX}: the list has more than {max_secrets} entries, the most one \
              mount may have (server.max_secrets_per_mount); split it over several \
              SecretProviderClasses"
         )));
     }
-    parsed.map_err(|e| {
-        ParamError(format!(
+    parsed.map_err(|e| match e {
+        bounded::ParseError::TooLarge { len, max } => ParamError::new(format!(
+            "{UNMARSHAL_PREFIX}: the list is {len} bytes, more than the {max} one mount's \
+             parameter may have; split it over several SecretProviderClasses"
+        )),
+        e if e.is_budget() => ParamError::new(format!(
+            "{UNMARSHAL_PREFIX}: the list was refused: {e} (anchors and aliases may repeat a \
+             value, not multiply the list)"
+        )),
+        e => ParamError::new(format!(
             "{UNMARSHAL_PREFIX}: expected a YAML list of {{name, stage, versionNumber, fileName}}: {}",
-            one_line(&e.to_string())
-        ))
+            e.detail()
+        )),
     })
 }
 
@@ -290,11 +321,6 @@ impl<'de> Visitor<'de> for CappedList<'_> {
         }
         Ok(out)
     }
-}
-
-/// Pod events show one line; YAML errors may span several (with a source excerpt).
-fn one_line(message: &str) -> String {
-    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The kinds of entry a field applies to.
@@ -365,7 +391,7 @@ impl RawSecret {
             key_file_name,
         } = self;
         let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2);
-        let named = |id: &Option<String>| id.as_deref().is_some_and(|v| !v.is_empty());
+        let named = |id: &Option<Field>| id.as_deref().is_some_and(|v| !v.is_empty());
         [
             ("name", name.is_some(), Applies::SECRET),
             ("secretId", secret_id.is_some(), Applies::SECRET),

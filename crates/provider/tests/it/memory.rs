@@ -63,10 +63,11 @@ fn a_list_longer_than_the_cap_is_refused_without_building_it() {
         uid: Some("uid".into()),
         service_account: Some("web".into()),
     };
-    // 20,000 entries; the 257th has a field no entry may have. Were it parsed as an entry,
-    // the error would name the field: it names the count, so the parser stopped at 256.
+    // 15,000 entries (within the parameter's 256 KiB); the 257th has a field no entry may
+    // have. Were it parsed as an entry, the error would name the field: it names the count,
+    // so the parser stopped at 256.
     let mut yaml = String::new();
-    for i in 0..20_000 {
+    for i in 0..15_000 {
         if i == 256 {
             yaml.push_str("- notAField: 1\n");
         } else {

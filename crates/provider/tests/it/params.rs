@@ -180,12 +180,15 @@ fn every_bad_parameter_gets_invalid_argument_naming_it() {
         (
             "- name: a\n- name: a\n",
             vec![],
-            vec!["duplicated secret name: a", "secrets[0] and secrets[1]"],
+            vec!["duplicated secret name: \"a\"", "secrets[0] and secrets[1]"],
         ),
         (
             "- name: a\n- name: b\n  fileName: a\n",
             vec![],
-            vec!["duplicated fileName name: a", "secrets[0] and secrets[1]"],
+            vec![
+                "duplicated fileName name: \"a\"",
+                "secrets[0] and secrets[1]",
+            ],
         ),
         (
             "- name: a\n  fileName: ../etc/passwd\n",
@@ -220,12 +223,12 @@ fn every_bad_parameter_gets_invalid_argument_naming_it() {
         (
             one,
             vec![("authType", "Workload")],
-            vec!["invalid auth principal type, Workload", "\"authType\""],
+            vec!["invalid auth principal type, \"Workload\"", "\"authType\""],
         ),
         (
             one,
             vec![("authType", "oidc")],
-            vec!["invalid auth principal type, oidc"],
+            vec!["invalid auth principal type, \"oidc\""],
         ),
         (
             one,
@@ -416,4 +419,104 @@ fn misplaced_certificate_fields_are_refused_naming_what_applies() {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{secrets}");
         assert!(err.message().contains(text), "{secrets}: {}", err.message());
     }
+}
+
+/// The review's payload: one scalar anchored once and aliased from every field of 256
+/// entries (with 14,000 characters, ~97 KB; the default parser budget built ~65 MB of it per
+/// mount).
+pub(crate) fn aliased_secrets_parameter(scalar: usize) -> String {
+    let mut yaml = format!("- name: &s {}\n", "x".repeat(scalar));
+    for _ in 1..256 {
+        yaml.push_str(
+            "- {name: *s, fileName: *s, vaultId: *s, stage: *s, encoding: *s, format: *s, \
+             versionName: *s, failoverVaultId: *s, directory: *s, chainFileName: *s}\n",
+        );
+    }
+    yaml
+}
+
+#[test]
+fn an_aliased_secrets_parameter_is_refused_by_its_budget_before_the_list_is_built() {
+    // As the review wrote it, the scalar is longer than any field takes: refused as read.
+    let yaml = aliased_secrets_parameter(14_000);
+    assert!(yaml.len() < 100_000, "{}", yaml.len());
+    let err = error(&yaml, &[]);
+    assert!(err.message().contains("a string of 14000 bytes"), "{err}");
+    // Within the field's length, the aliases are stopped by the expansion budget.
+    let yaml = aliased_secrets_parameter(1_000);
+    let err = error(&yaml, &[]);
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let message = err.message();
+    assert!(message.contains("refused by the parse budget"), "{message}");
+    assert!(message.contains("at line"), "{message}");
+    // Nothing of the value is echoed.
+    assert!(!message.contains("xxxxxxxx"), "{message}");
+    assert!(message.len() < 1024, "{}", message.len());
+}
+
+#[test]
+fn a_field_longer_than_any_field_takes_is_refused_as_it_is_read() {
+    let long = "n".repeat(5_000);
+    let err = error(&format!("- name: {long}\n- name: other\n"), &[]);
+    let message = err.message();
+    assert!(
+        message.contains("a string of 5000 bytes, longer than the 1024 this field takes"),
+        "{message}"
+    );
+    assert!(message.contains("line 1"), "{message}");
+    assert!(!message.contains(&long[..200]), "{message}");
+    let err = error(&format!("- name: a\n  mode: \"{long}\"\n"), &[]);
+    assert!(err.message().contains("a string of 5000 bytes"), "{err}");
+}
+
+#[test]
+fn every_problem_of_a_class_is_named_in_one_error() {
+    // Four problems in one class: a bad region, an unquoted mode, an escaping fileName, and
+    // both versionNumber and stage. Each is named, in the order of the class.
+    let yaml = "- name: a\n  mode: 400\n- name: b\n  fileName: ../escape\n\
+                - name: c\n  versionNumber: 2\n  stage: CURRENT\n";
+    let err =
+        MountParameters::parse(&attrs(yaml, &[("region", "not a region!")]), &pod()).unwrap_err();
+    assert_eq!(err.count(), 4, "{err}");
+    let expected = [
+        "secrets[0].mode 400 is a YAML number",
+        "secrets[1].fileName",
+        "either with a version number or with stage: secrets[2]",
+        "parameter \"region\" \"not a region!\" is not a region id",
+    ];
+    for fragment in expected {
+        assert!(
+            err.problems().iter().any(|p| p.contains(fragment)),
+            "{fragment:?} not in {:#?}",
+            err.problems()
+        );
+    }
+    let message = MountError::from(err).message().to_owned();
+    assert!(
+        message.starts_with("the SecretProviderClass has 4 problems: (1) "),
+        "{message}"
+    );
+    for fragment in expected {
+        assert!(message.contains(fragment), "{fragment:?} not in {message}");
+    }
+    // One problem reads as it always did.
+    let one = error("- name: a\n  mode: 400\n", &[]);
+    assert!(
+        one.message()
+            .starts_with("unable to retrieve secrets: secrets[0].mode 400")
+    );
+}
+
+#[test]
+fn a_class_with_hundreds_of_problems_lists_a_bounded_number() {
+    let mut yaml = String::new();
+    for i in 0..200 {
+        yaml.push_str(&format!("- name: s{i}\n  mode: {i}\n  stage: nope\n"));
+    }
+    let err = MountParameters::parse(&attrs(&yaml, &[]), &pod()).unwrap_err();
+    assert_eq!(err.count(), 400);
+    assert_eq!(err.problems().len(), oci_csi_provider::MAX_PROBLEMS);
+    let message = MountError::from(err).message().to_owned();
+    assert!(message.contains("and 392 more"), "{message}");
+    assert!(message.len() < 4096, "{}", message.len());
 }

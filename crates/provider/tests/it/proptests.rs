@@ -189,7 +189,7 @@ fn mutate(
         }
         12 => {
             attrs.insert("authType".into(), "Instance".into());
-            Some("invalid auth principal type, Instance")
+            Some("invalid auth principal type, \"Instance\"")
         }
         13 => {
             attrs.insert("authType".into(), "user".into());
