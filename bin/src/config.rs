@@ -804,8 +804,11 @@ mod tests {
 
     #[test]
     fn the_charts_rendered_args_and_env_mean_what_the_values_say() {
-        let rendered: serde_json::Value =
-            serde_json::from_str(include_str!("../../deploy/tests/rendered-args.json")).unwrap();
+        let rendered: serde_json::Value = bounded::json::from_str(
+            include_str!("../../deploy/tests/rendered-args.json"),
+            &bounded::ParseBudget::new(1 << 20),
+        )
+        .unwrap();
         let load = |label: &str| {
             let container = &rendered[label];
             let mut args = vec!["provider".to_owned()];

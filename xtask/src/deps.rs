@@ -354,6 +354,15 @@ mod tests {
             ["allow(clippy::", "disallowed_methods"].concat(),
             ["allow(clippy::", "disallowed_types"].concat(),
         ];
+        // The same lint guards the parsers (invariant 8): an allow elsewhere is for them only,
+        // and such a file names no client.
+        let clients = [
+            ["Client::", "builder"].concat(),
+            ["Builder::", "build"].concat(),
+            ["hand", "shake("].concat(),
+            ["ClientConfig::", "builder"].concat(),
+            ["Tls", "Connector"].concat(),
+        ];
         let mut offenders = Vec::new();
         let mut in_transport = 0;
         for file in &files {
@@ -361,7 +370,7 @@ mod tests {
             if needles.iter().any(|n| text.contains(n.as_str())) {
                 if allowed(file) {
                     in_transport += 1;
-                } else {
+                } else if clients.iter().any(|c| text.contains(c.as_str())) {
                     offenders.push(file.display().to_string());
                 }
             }
@@ -374,5 +383,58 @@ mod tests {
             in_transport >= 3,
             "the transport's own reasoned allows were found"
         );
+    }
+
+    /// Invariant 8: every parser of tenant or upstream input runs under an explicit budget.
+    /// clippy.toml refuses the parsers' entry points; only `crates/bounded` calls them (the
+    /// emulator, xtask and tests parse their own input).
+    #[test]
+    fn only_the_bounded_crate_calls_the_yaml_and_json_parsers() {
+        let root = root();
+        let clippy = std::fs::read_to_string(root.join("clippy.toml")).unwrap();
+        for path in [
+            "serde_saphyr::from_str",
+            "serde_saphyr::from_slice",
+            "serde_saphyr::from_reader",
+            "serde_saphyr::from_multiple",
+            "serde_saphyr::with_deserializer_from_str",
+            "serde_saphyr::with_deserializer_from_slice",
+            "serde_json::from_str",
+            "serde_json::from_slice",
+            "serde_json::from_reader",
+        ] {
+            assert!(
+                clippy.contains(&format!("path = \"{path}\"")),
+                "clippy.toml no longer disallows {path}"
+            );
+        }
+        let mut files = Vec::new();
+        for dir in ["crates", "bin"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let library = |path: &Path| {
+            let path = path.strip_prefix(&root).unwrap_or(path);
+            let text = path.to_string_lossy();
+            (text.contains("/src/") || text.starts_with("bin/src"))
+                && !path.starts_with("crates/bounded")
+                && !path.starts_with("crates/testkit")
+        };
+        let calls = [
+            ["serde_saphyr::", "from_"].concat(),
+            ["serde_saphyr::", "with_deserializer"].concat(),
+            ["serde_json::", "from_s"].concat(),
+            ["serde_json::", "from_reader"].concat(),
+        ];
+        let mut read = 0;
+        let mut offenders = Vec::new();
+        for file in files.iter().filter(|f| library(f)) {
+            read += 1;
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if calls.iter().any(|c| text.contains(c.as_str())) {
+                offenders.push(file.display().to_string());
+            }
+        }
+        assert!(read > 50, "the library sources were read: {read}");
+        assert!(offenders.is_empty(), "unbudgeted parses: {offenders:?}");
     }
 }

@@ -1,4 +1,6 @@
 //! The real binary: flags, socket, health, metrics, signals.
+#![allow(clippy::disallowed_methods)]
+// reason: tests parse what they build; the budgets are the code's
 // Test helpers are shared between modules of this one test binary; they are not an API.
 #![allow(unreachable_pub, missing_debug_implementations)]
 

@@ -112,8 +112,19 @@ pub enum UserSecretError {
     #[error("cannot load the private key")]
     Key(#[source] std::sync::Arc<KeyError>),
     /// A data value is not Base64.
-    #[error("data member {0} is not base64")]
+    #[error("data member {} is not base64", bounded::quote(.0))]
     NotBase64(String),
+    /// A member of `auth` is not of its form; its value is not echoed (it may be anything),
+    /// only its length.
+    #[error("auth.{member} is not {expected} (it has {len} characters)")]
+    InvalidMember {
+        /// The member.
+        member: &'static str,
+        /// What it must be.
+        expected: &'static str,
+        /// Its length.
+        len: usize,
+    },
 }
 
 /// Why a request could not be signed, or an identity not established.

@@ -27,7 +27,8 @@ fn object(part: &str) -> Result<Map<String, Value>, ()> {
             .decode(part.trim_end_matches('='))
             .map_err(|_| ())?,
     );
-    match serde_json::from_slice::<Value>(&bytes) {
+    // A token's part is a few hundred bytes; its length is its budget.
+    match bounded::json::from_slice::<Value>(&bytes, &bounded::ParseBudget::new(bytes.len())) {
         Ok(Value::Object(map)) => Ok(map),
         _ => Err(()),
     }

@@ -228,8 +228,9 @@ impl KubeApi {
         Ok(SecretString::from(parsed.status.token))
     }
 
-    /// `GET .../secrets/{name}`: the decoded `data` and `resourceVersion`, or `None` when
-    /// the Secret does not exist.
+    /// `GET .../secrets/{name}`: the members of its `data` a user principal reads
+    /// ([`KEPT_MEMBERS`]), decoded (the others are skipped as they are read, never kept),
+    /// and `resourceVersion`; `None` when the Secret does not exist.
     pub(crate) async fn secret(
         &self,
         namespace: &str,
@@ -263,12 +264,11 @@ impl KubeApi {
             #[serde(default)]
             metadata: Metadata,
             #[serde(default)]
-            data: BTreeMap<String, String>,
+            data: Members,
         }
         let parsed: Secret = parse(&response, operation)?;
         let mut data = BTreeMap::new();
-        for (key, value) in parsed.data {
-            let value = Zeroizing::new(value);
+        for (key, value) in parsed.data.0 {
             let bytes = STANDARD
                 .decode(value.trim())
                 .map_err(|_| AuthError::UserSecret {
@@ -282,6 +282,42 @@ impl KubeApi {
             data,
             resource_version: parsed.metadata.resource_version,
         }))
+    }
+}
+
+/// A Secret's `data` as read: every member's name, but only the value of the members the
+/// provider uses (`config`, `private-key`); a tenant's other members are skipped unread.
+#[derive(Default)]
+struct Members(Vec<(String, Zeroizing<String>)>);
+
+/// The members whose values are kept: a user principal's `config` and `private-key`.
+const KEPT_MEMBERS: [&str; 2] = ["config", "private-key"];
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of base64 strings")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut kept = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if KEPT_MEMBERS.contains(&key.as_str()) {
+                        let value: String = map.next_value()?;
+                        kept.push((key, Zeroizing::new(value)));
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Members(kept))
+            }
+        }
+        deserializer.deserialize_map(V)
     }
 }
 
@@ -307,10 +343,12 @@ fn parse<T: serde::de::DeserializeOwned>(
     response: &http::Response<bytes::Bytes>,
     operation: String,
 ) -> Result<T, AuthError> {
-    serde_json::from_slice(response.body()).map_err(|e| AuthError::MalformedResponse {
+    // The body is within the transport's limit already; the parse holds to it.
+    let budget = bounded::ParseBudget::new(response.body().len());
+    bounded::json::from_slice(response.body(), &budget).map_err(|e| AuthError::MalformedResponse {
         endpoint: Endpoint::Kubernetes,
         operation,
-        reason: format!("line {} column {}", e.line(), e.column()),
+        reason: e.to_string(),
     })
 }
 
@@ -345,8 +383,10 @@ fn read_kubeconfig(path: &Path) -> Result<(String, Option<PathBuf>, User), AuthE
     let invalid =
         |reason: String| AuthError::Config(format!("kubeconfig {}: {reason}", path.display()));
     let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?);
-    let config: Kubeconfig = serde_saphyr::from_str(&text)
-        .map_err(|_| invalid("not a kubeconfig yaml document".into()))?;
+    // The operator's file, but read within a budget like every document.
+    let budget = bounded::ParseBudget::new(4 * 1024 * 1024);
+    let config: Kubeconfig = bounded::yaml::from_str(&text, &budget)
+        .map_err(|e| invalid(format!("not a kubeconfig yaml document: {e}")))?;
     let context = config
         .contexts
         .into_iter()

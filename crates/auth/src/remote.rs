@@ -30,7 +30,8 @@ pub(crate) async fn send(
 /// The `code` (OCI) or `reason` (Kubernetes) member of an error body, if it is short
 /// printable text. Bodies are not echoed whole: they are not ours to log.
 pub(crate) fn error_detail(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let value: serde_json::Value =
+        bounded::json::from_slice(body, &bounded::ParseBudget::new(body.len())).ok()?;
     let text = value
         .get("code")
         .and_then(|c| c.as_str())

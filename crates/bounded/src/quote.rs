@@ -74,8 +74,7 @@ mod tests {
     #[test]
     fn a_quoted_value_never_spans_lines_and_is_bounded_whatever_it_holds() {
         // The worst case per character is an escape like \u{10ffff} (10 characters).
-        let nasty: String = std::iter::repeat(['\n', '\u{1b}', '\u{10ffff}', '"'])
-            .take(10_000)
+        let nasty: String = std::iter::repeat_n(['\n', '\u{1b}', '\u{10ffff}', '"'], 10_000)
             .flatten()
             .collect();
         let shown = quote(&nasty).to_string();

@@ -76,7 +76,7 @@ fn error(e: &serde_saphyr::Error) -> ParseError {
     }
     let at = e.location().and_then(|l| {
         let (line, column) = (l.line(), l.column());
-        (line > 0).then(|| (line as usize, column as usize))
+        (line > 0).then_some((line as usize, column as usize))
     });
     let exceeded = match e {
         serde_saphyr::Error::Budget { breach, .. } => Some(match breach {

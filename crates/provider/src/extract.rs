@@ -53,27 +53,25 @@ pub(crate) enum ExtractError {
     TooLarge,
 }
 
-/// The parsed document: JSON first, then YAML, unless `format` forces one.
+/// What a parsed document may hold at most, per byte of content: the budget's bounds
+/// (expanded text at most twice the content, a node per byte) times what a
+/// `serde_json::Value` node costs, as measured by the peak-heap tests
+/// (`crates/provider/tests/heap`). A parse reserves this many bytes per byte of content from
+/// the byte budget while it lasts.
+pub(crate) const PARSE_BYTES_PER_BYTE: usize = 48;
+
+/// The budget of one parse of `content_len` bytes: its aliases expand it to twice its
+/// size at most, 32 levels deep.
+fn budget(content_len: usize) -> bounded::ParseBudget {
+    bounded::ParseBudget::new(content_len)
+}
+
+/// The parsed document: JSON first, then YAML, unless `format` forces one; both within
+/// the content's [`budget`]. Errors give the position and kind only.
 pub(crate) fn parse(content: &[u8], format: Option<Format>) -> Result<Value, ExtractError> {
-    let json = || {
-        serde_json::from_slice::<Value>(content).map_err(|e| {
-            let kind = match e.classify() {
-                serde_json::error::Category::Eof => "unexpected end",
-                serde_json::error::Category::Syntax => "syntax error",
-                serde_json::error::Category::Data => "data error",
-                serde_json::error::Category::Io => "read error",
-            };
-            format!("JSON {kind} at line {}, column {}", e.line(), e.column())
-        })
-    };
-    let yaml = || {
-        let text = std::str::from_utf8(content)
-            .map_err(|e| format!("YAML: not UTF-8 at byte {}", e.valid_up_to()))?;
-        serde_saphyr::from_str::<Value>(text).map_err(|e| match e.location() {
-            Some(at) => format!("YAML error at line {}, column {}", at.line(), at.column()),
-            None => "YAML error".to_owned(),
-        })
-    };
+    let budget = budget(content.len());
+    let json = || bounded::json::from_slice::<Value>(content, &budget).map_err(|e| e.to_string());
+    let yaml = || bounded::yaml::from_slice::<Value>(content, &budget).map_err(|e| e.to_string());
     match format {
         Some(Format::Json) => json().map_err(ExtractError::Parse),
         Some(Format::Yaml) => yaml().map_err(ExtractError::Parse),
@@ -204,6 +202,26 @@ mod tests {
             panic!()
         };
         assert!(m.contains("YAML") && !m.contains("hunter2"), "{m}");
+        // An alias bomb in a secret is refused by the parse budget, not expanded.
+        let mut bomb = "a: &a [\"lol\", \"lol\", \"lol\", \"lol\"]\n".to_owned();
+        for level in 1..8 {
+            let previous = format!(
+                "*a{}",
+                if level == 1 {
+                    String::new()
+                } else {
+                    (level - 1).to_string()
+                }
+            );
+            bomb.push_str(&format!(
+                "a{level}: &a{level} [{}]\n",
+                vec![previous; 10].join(", ")
+            ));
+        }
+        let Err(ExtractError::Parse(m)) = parse(bomb.as_bytes(), Some(Format::Yaml)) else {
+            panic!()
+        };
+        assert!(m.contains("refused by the parse budget"), "{m}");
         let Err(ExtractError::Parse(m)) = parse(b"a: [\"hunter2\"\n{", None) else {
             panic!()
         };

@@ -234,6 +234,9 @@ pub struct Regions {
     default_realm: Option<String>,
 }
 
+/// What a region-metadata document may be (a region's few members; a file of them).
+const METADATA_BUDGET: bounded::ParseBudget = bounded::ParseBudget::new(1024 * 1024);
+
 impl Regions {
     /// With `OCI_REGION_METADATA` (one JSON object), the content of a `regions-config.json`
     /// file (a JSON array) and `OCI_DEFAULT_REALM` (a domain, e.g. `oraclecloud.com`).
@@ -245,11 +248,9 @@ impl Regions {
         let metadata = match metadata.map(str::trim).filter(|m| !m.is_empty()) {
             None => None,
             Some(json) => {
-                let info: RegionInfo = serde_json::from_str(json).map_err(|e| {
-                    // serde_json names the position and the missing member, never the
-                    // input, which is configuration anyway.
-                    RegionError::Metadata(e.to_string())
-                })?;
+                // The operator's configuration, read within a budget like every document.
+                let info: RegionInfo = bounded::json::from_str(json, &METADATA_BUDGET)
+                    .map_err(|e| RegionError::Metadata(e.detail()))?;
                 Some(info.normalized().map_err(RegionError::Metadata)?)
             }
         };
@@ -260,8 +261,8 @@ impl Regions {
                     path: path.display().to_string(),
                     reason,
                 };
-                let infos: Vec<RegionInfo> =
-                    serde_json::from_slice(bytes).map_err(|e| error(e.to_string()))?;
+                let infos: Vec<RegionInfo> = bounded::json::from_slice(bytes, &METADATA_BUDGET)
+                    .map_err(|e| error(e.detail()))?;
                 infos
                     .into_iter()
                     .enumerate()

@@ -71,7 +71,8 @@ pub enum MalformedBundle {
         "the body is not a SecretBundle JSON object ({category} error at line {line}, column {column})"
     )]
     Json {
-        /// serde_json's error category (`syntax`, `data`, `eof`, `io`).
+        /// serde_json's error category (`syntax`, `data`, `eof`, `io`), or `budget` (nested
+        /// too deep, larger than the body limit).
         category: &'static str,
         /// 1-based line.
         line: usize,
@@ -140,17 +141,26 @@ fn zeroizing_string<'de, D: Deserializer<'de>>(
 }
 
 /// A body that is not the JSON expected, by position only (the body holds secrets).
-pub(crate) fn json_error(e: serde_json::Error) -> MalformedBundle {
-    MalformedBundle::Json {
-        category: match e.classify() {
-            serde_json::error::Category::Io => "io",
-            serde_json::error::Category::Syntax => "syntax",
-            serde_json::error::Category::Data => "data",
-            serde_json::error::Category::Eof => "eof",
-        },
-        line: e.line(),
-        column: e.column(),
-    }
+/// An OCI answer's JSON, parsed within its own length (the transport bounded the body).
+/// Failures give the kind and position, never the body (it holds secret content).
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, MalformedBundle> {
+    let budget = bounded::ParseBudget::new(body.len());
+    bounded::json::from_slice(body, &budget).map_err(|e| {
+        let (line, column) = e.position().unwrap_or((0, 0));
+        MalformedBundle::Json {
+            category: match &e {
+                bounded::ParseError::Invalid { kind, .. } => match *kind {
+                    "syntax error" => "syntax",
+                    "unexpected end of input" => "eof",
+                    "read error" => "io",
+                    _ => "data",
+                },
+                _ => "budget",
+            },
+            line,
+            column,
+        }
+    })
 }
 
 /// Parses and validates a SecretBundle body.
@@ -158,7 +168,7 @@ pub(crate) fn parse(
     body: &[u8],
     opc_request_id: Option<String>,
 ) -> Result<SecretBundle, MalformedBundle> {
-    let raw: RawBundle = serde_json::from_slice(body).map_err(json_error)?;
+    let raw: RawBundle = from_json(body)?;
     let secret_id = raw
         .secret_id
         .filter(|id| !id.is_empty())

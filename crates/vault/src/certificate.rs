@@ -211,7 +211,7 @@ pub(crate) fn parse(
     body: &[u8],
     opc_request_id: Option<String>,
 ) -> Result<CertificateBundle, MalformedBundle> {
-    let raw: Raw = serde_json::from_slice(body).map_err(crate::bundle::json_error)?;
+    let raw: Raw = crate::bundle::from_json(body)?;
     let missing = |field: &'static str| MalformedBundle::MissingField(field);
     let (id, name, certificate_pem) = match target {
         CertificateRef::Certificate(_) => (

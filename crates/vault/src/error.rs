@@ -34,7 +34,7 @@ impl OciError {
             code: Option<String>,
             message: Option<String>,
         }
-        match serde_json::from_slice::<Body>(body) {
+        match bounded::json::from_slice::<Body>(body, &bounded::ParseBudget::new(body.len())) {
             Ok(Body {
                 code: Some(code),
                 message,

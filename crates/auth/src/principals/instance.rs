@@ -298,8 +298,9 @@ fn federation_token(
         operation: operation.to_owned(),
         reason: reason.to_owned(),
     };
+    let body = response.body();
     let object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(response.body())
+        bounded::json::from_slice(body, &bounded::ParseBudget::new(body.len()))
             .map_err(|_| malformed("the body is not a json object"))?;
     let token = object
         .get("token")

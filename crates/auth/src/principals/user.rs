@@ -24,10 +24,52 @@ pub(crate) struct UserKey {
 }
 
 impl cache::CacheValue for UserKey {
+    /// What the entry really holds: the key, and every string kept beside it (the
+    /// credential's names, the key id, the rejection hint, the region), each bounded when
+    /// the Secret was read.
     fn bytes(&self) -> usize {
+        let Credential::User {
+            namespace,
+            secret_name,
+            resource_version,
+            key_fingerprint,
+            user,
+            tenancy,
+        } = &self.credential
+        else {
+            return super::CREDENTIAL_BYTES;
+        };
         super::CREDENTIAL_BYTES
+            + [
+                namespace,
+                secret_name,
+                resource_version,
+                key_fingerprint,
+                user,
+                tenancy,
+            ]
+            .iter()
+            .map(|s| s.len())
+            .sum::<usize>()
+            + self.key.key_id().expose_secret().len()
+            + self.key.rejection_hint().map_or(0, str::len)
+            + self.region.id().len()
+            + self.region.domain().map_or(0, str::len)
     }
 }
+
+/// The largest `config` member a user Secret may have (the four required lines and a
+/// passphrase take a few hundred bytes).
+const MAX_CONFIG_BYTES: usize = 16 * 1024;
+
+/// The longest value of a `config` member, refused as it is read.
+const MAX_MEMBER_BYTES: usize = 1024;
+
+/// How the refusal of a long member begins.
+const TOO_LONG: &str = "a value of";
+
+/// The longest OCID (user, tenancy).
+const MAX_OCID_BYTES: usize = 255;
 
 /// A scalar YAML value as text (`fingerprint: 12:bf:...` is a string, but `region: 1`
 /// would be a number); mappings and sequences are refused.
@@ -42,10 +84,17 @@ impl<'de> Deserialize<'de> for Scalar {
                 f.write_str("a scalar string value")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                if v.len() > MAX_MEMBER_BYTES {
+                    return Err(E::custom(format_args!(
+                        "{TOO_LONG} {} bytes, longer than the {MAX_MEMBER_BYTES} a member takes",
+                        v.len()
+                    )));
+                }
                 Ok(Scalar(Zeroizing::new(v.to_owned())))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
-                Ok(Scalar(Zeroizing::new(v)))
+                let v = Zeroizing::new(v);
+                self.visit_str(&v)
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
                 Ok(Scalar(Zeroizing::new(v.to_string())))
@@ -273,17 +322,30 @@ impl UserConfig {
             .get("config")
             .filter(|c| !c.is_empty())
             .ok_or(UserSecretError::EmptyConfig)?;
-        let config = std::str::from_utf8(config)
-            .map_err(|_| UserSecretError::InvalidConfig("it is not utf-8".into()))?;
-        let config: Config = serde_saphyr::from_str(config).map_err(|e| {
-            // Position only: the text around it may be a passphrase.
-            let at = e
-                .to_string()
-                .lines()
-                .next()
-                .map(|l| l.chars().take(120).collect::<String>())
-                .unwrap_or_default();
-            UserSecretError::InvalidConfig(redact_yaml_error(&at))
+        // The tenant's document: parsed within a budget (aliases cannot multiply it), its
+        // values bounded as they are read. Errors give the position only: the text around
+        // it may be a passphrase.
+        let budget = bounded::ParseBudget::new(MAX_CONFIG_BYTES);
+        let config: Config = bounded::yaml::from_slice(config, &budget).map_err(|e| {
+            UserSecretError::InvalidConfig(match e {
+                bounded::ParseError::TooLarge { len, max } => {
+                    format!(
+                        "it is {len} bytes, more than the {max} a user principal's config may have"
+                    )
+                }
+                bounded::ParseError::NotUtf8 { .. } => "it is not utf-8".into(),
+                e if e.is_budget() => e.to_string(),
+                // Our own refusal of a long value names its length, never its text.
+                bounded::ParseError::Invalid { detail, .. } if detail.starts_with(TOO_LONG) => {
+                    detail
+                }
+                e => match e.position() {
+                    Some((line, column)) => format!(
+                        "not a yaml mapping of strings under auth at line {line} column {column}"
+                    ),
+                    None => "not a yaml mapping of strings under auth".to_owned(),
+                },
+            })
         })?;
         let auth = config
             .auth
@@ -311,6 +373,10 @@ impl UserConfig {
         ) else {
             return Err(UserSecretError::Missing(missing));
         };
+        check_ocid("tenancy", tenancy)?;
+        check_ocid("user", user)?;
+        let fingerprint = fingerprint.trim();
+        check_fingerprint(fingerprint)?;
         Ok(Self {
             tenancy: tenancy.to_owned(),
             region: region.to_owned(),
@@ -397,10 +463,37 @@ fn signing_key(
     ))
 }
 
-/// serde-saphyr's messages quote the offending scalar; keep only the position.
-fn redact_yaml_error(message: &str) -> String {
-    match message.find(" at line ") {
-        Some(at) => format!("not a yaml mapping of strings under auth{}", &message[at..]),
-        None => "not a yaml mapping of strings under auth".to_owned(),
+/// An OCID of the Secret's `config` (`user`, `tenancy`): at most 255 characters of the
+/// OCID alphabet, starting `ocid1.`, checked before anything keeps it. Its value is not
+/// echoed (only its length): it may not be an OCID at all.
+fn check_ocid(member: &'static str, value: &str) -> Result<(), UserSecretError> {
+    let alphabet = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':');
+    if value.len() <= MAX_OCID_BYTES && value.starts_with("ocid1.") && value.bytes().all(alphabet) {
+        return Ok(());
     }
+    Err(UserSecretError::InvalidMember {
+        member,
+        expected: "an OCID (ocid1.…, at most 255 letters, digits, dots, hyphens, underscores \
+                   or colons)",
+        len: value.len(),
+    })
+}
+
+/// The `fingerprint` of the Secret's `config`: an API key's MD5 fingerprint, sixteen
+/// colon-separated pairs of hex digits.
+fn check_fingerprint(value: &str) -> Result<(), UserSecretError> {
+    let pairs: Vec<&str> = value.split(':').collect();
+    let valid = pairs.len() == 16
+        && pairs
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
+    if valid {
+        return Ok(());
+    }
+    Err(UserSecretError::InvalidMember {
+        member: "fingerprint",
+        expected: "an API key fingerprint (16 colon-separated pairs of hex digits, e.g. \
+                   12:bf:...:9c)",
+        len: value.len(),
+    })
 }

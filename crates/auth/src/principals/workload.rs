@@ -480,7 +480,8 @@ pub(super) fn parse_proxymux_reply(
             .map_err(|_| "the body is not base64")?,
     );
     let object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&decoded).map_err(|_| "the decoded body is not a json object")?;
+        bounded::json::from_slice(&decoded, &bounded::ParseBudget::new(decoded.len()))
+            .map_err(|_| "the decoded body is not a json object")?;
     let token = object
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("token"))

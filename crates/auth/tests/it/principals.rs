@@ -273,6 +273,36 @@ async fn user_principal_end_to_end_signs_verified_post_and_get() {
 }
 
 #[tokio::test]
+async fn a_cached_user_key_is_weighed_by_what_it_holds_and_other_members_are_not_kept() {
+    // A Secret with a 300 KB member the provider does not read: it is skipped, not kept.
+    let seed = base_seed()
+        .user(UserSeed {
+            tenancy: TENANCY.into(),
+            user: USER.into(),
+            public_key_pem: user_key().public_key_pem(),
+        })
+        .kube_secret(
+            KubeSecretSeed::new(NS, "oci-config")
+                .data("config", user_config(&user_key().fingerprint()))
+                .data("private-key", fixture("rsa-pkcs1.pem"))
+                .data("junk", vec![b'j'; 300_000]),
+        );
+    let fx = start(seed, |_, _| {}).await;
+    fx.principals.establish(&user_request()).await.unwrap();
+    let [(kind, stats), ..] = fx.principals.cache_stats();
+    assert_eq!(kind, "user");
+    assert_eq!(stats.entries, 1);
+    // The key (counted at 4 KiB) and the strings kept beside it: names, OCIDs, the
+    // fingerprint, the key id, the region; a few hundred bytes, not a flat figure.
+    let strings = NS.len() + "oci-config".len() + 2 * (TENANCY.len() + USER.len()) + 2 * 47;
+    assert!(
+        stats.bytes >= (4096 + strings) as u64 && stats.bytes < 4096 + 1024,
+        "{}",
+        stats.bytes
+    );
+}
+
+#[tokio::test]
 async fn user_principal_with_wrong_key_is_unauthenticated_names_both_fingerprints_and_rereads() {
     let configured = user_key().fingerprint();
     let wrong = PrivateKey::from_pem(SPEC_KEY.as_bytes(), None).unwrap();
@@ -406,7 +436,7 @@ async fn malformed_user_secrets_are_specific_invalid_arguments() {
         ),
         (
             format!(
-                "auth:\n  region: \"us ashburn\"\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+                "auth:\n  region: \"us ashburn\"\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fp}\n"
             ),
             pem.clone(),
             "region can not be empty or have spaces",
@@ -414,21 +444,21 @@ async fn malformed_user_secrets_are_specific_invalid_arguments() {
         // A tenant cannot point the provider at a host of its choosing.
         (
             format!(
-                "auth:\n  region: \"a@127.0.0.1:9\"\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+                "auth:\n  region: \"a@127.0.0.1:9\"\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fp}\n"
             ),
             pem.clone(),
             "region \"a@127.0.0.1:9\" is not a region this provider knows",
         ),
         (
             format!(
-                "auth:\n  region: evil.example.com\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+                "auth:\n  region: evil.example.com\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fp}\n"
             ),
             pem.clone(),
             "is not a region this provider knows",
         ),
         (
             format!(
-                "auth:\n  region: xx-nowhere-9\n  tenancy: t\n  user: u\n  fingerprint: {fp}\n"
+                "auth:\n  region: xx-nowhere-9\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {fp}\n"
             ),
             pem.clone(),
             "OCI_REGION_METADATA or a regions-config.json",
@@ -444,6 +474,45 @@ async fn malformed_user_secrets_are_specific_invalid_arguments() {
             "cannot load the private key",
         ),
         (String::new(), pem.clone(), "auth config data is empty"),
+        // Members kept in the credential and the key id are held to their form as they are
+        // read: an OCID, a fingerprint. Their values are not echoed.
+        (
+            format!("auth:\n  region: iad\n  tenancy: t\n  user: {USER}\n  fingerprint: {fp}\n"),
+            pem.clone(),
+            "auth.tenancy is not an OCID (ocid1.",
+        ),
+        (
+            format!(
+                "auth:\n  region: iad\n  tenancy: {TENANCY}\n  user: ocid1.{}\n  fingerprint: {fp}\n",
+                "u".repeat(300)
+            ),
+            pem.clone(),
+            "auth.user is not an OCID",
+        ),
+        (
+            format!(
+                "auth:\n  region: iad\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: not-it\n"
+            ),
+            pem.clone(),
+            "auth.fingerprint is not an API key fingerprint",
+        ),
+        (
+            format!(
+                "auth:\n  region: iad\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: {}\n",
+                "a".repeat(2000)
+            ),
+            pem.clone(),
+            "a value of 2000 bytes, longer than the 1024 a member takes",
+        ),
+        // One string aliased across the members is refused by the parse budget.
+        (
+            format!(
+                "x: &x {}\nauth:\n  region: *x\n  tenancy: *x\n  user: *x\n  fingerprint: *x\n  passphrase: *x\n  a: *x\n  b: *x\n  c: *x\n",
+                "ocid1".repeat(200)
+            ),
+            pem.clone(),
+            "refused by the parse budget",
+        ),
     ];
     for (config, key, expected) in cases {
         let fx = start(user_seed(&config, &key), |_, _| {}).await;
@@ -461,6 +530,8 @@ async fn malformed_user_secrets_are_specific_invalid_arguments() {
         );
         assert!(chain.contains(expected), "{config}: {chain}");
         assert!(!chain.contains("not-it"), "passphrase echoed: {chain}");
+        assert!(!chain.contains("uuuuuuuu"), "value echoed: {chain}");
+        assert!(chain.len() < 1024, "{chain}");
     }
     // The right passphrase loads the encrypted key.
     let config = format!(

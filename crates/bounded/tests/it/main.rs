@@ -147,7 +147,7 @@ fn hostile_yaml() -> impl Strategy<Value = String> {
         (0..7usize).prop_map(|i| format!("- *a{i}\n")),
         (0..7usize, 1..30usize)
             .prop_map(|(i, n)| format!("- [{}]\n", vec![format!("*a{i}"); n].join(", "))),
-        (0..7usize).prop_map(|i| format!("- &a{i} [{}]\n", vec!["*a0"; 8].join(", "))),
+        (0..7usize).prop_map(|i| format!("- &a{i} [{}]\n", ["*a0"; 8].join(", "))),
         (1..60usize).prop_map(|d| format!("- {}{}\n", "[".repeat(d), "]".repeat(d))),
         (0..7usize).prop_map(|i| format!("- {{k: *a{i}, *a{i} : v}}\n")),
         scalar.prop_map(|s| format!("- {{{s}: {s}}}\n")),

@@ -424,7 +424,8 @@ mod tests {
     /// messages say each certificate kind takes is what the table lets through.
     #[test]
     fn the_field_table_is_what_the_messages_say() {
-        let raw: RawSecret = serde_saphyr::from_str(EVERY_FIELD).unwrap();
+        let raw: RawSecret =
+            bounded::yaml::from_str(EVERY_FIELD, &bounded::ParseBudget::new(4096)).unwrap();
         let given = raw.given();
         assert_eq!(given.len(), 20, "every field of RawSecret is in the table");
         let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];

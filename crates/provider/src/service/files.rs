@@ -1,14 +1,18 @@
 //! Answers into files: decoding, key extraction and the mount's size limit.
 
 use super::*;
+use bounded::quote;
 
 /// The mount's files from its bundles, in request order: whole secrets and extracted
-/// keys, each key copied only within the room left of `max_total_bytes`.
+/// keys, each key copied only within the room left of `max_total_bytes`. A parse for keys
+/// first reserves what it may take from the byte budget `held` came from (its namespace's
+/// share; `None`: no process budget).
 pub(super) fn assemble(
     params: &MountParameters,
     bundles: Vec<vault::SecretBundle>,
     mode: csi_grpc::FileMode,
     max_total_bytes: usize,
+    held: Option<&Reservation>,
 ) -> Result<MountResponse, MountError> {
     let object_versions = object_versions(params, &bundles);
     let mut files = Vec::with_capacity(bundles.len());
@@ -29,6 +33,7 @@ pub(super) fn assemble(
                 entry_mode,
                 &mut files,
                 max_total_bytes.saturating_sub(written),
+                held,
             )?;
         }
         if spec.whole {
@@ -105,6 +110,7 @@ fn object_versions(
 /// answers the bytes written. Errors name the secret and the keys, and for content that
 /// does not parse only the position and kind. The parsed document is wiped as soon as the
 /// keys are taken.
+#[allow(clippy::too_many_arguments)] // reason: the entry, its content, and where files go
 pub(super) fn extract_keys(
     index: usize,
     spec: &SecretSpec,
@@ -112,14 +118,29 @@ pub(super) fn extract_keys(
     mode: csi_grpc::FileMode,
     files: &mut Vec<File>,
     room: usize,
+    held: Option<&Reservation>,
 ) -> Result<usize, MountError> {
-    use crate::extract::{ExtractError, parse, value_of, wipe};
-    let secret = spec.source.display();
+    use crate::extract::{ExtractError, PARSE_BYTES_PER_BYTE, parse, value_of, wipe};
+    let secret = quote(spec.source.display());
+    // What the parse may take is held in the budget while it lasts.
+    let _parsing = held
+        .map(|held| held.reserve_more(content.len().saturating_mul(PARSE_BYTES_PER_BYTE)))
+        .transpose()
+        .map_err(|refusal| {
+            MountError::new(
+                ErrorKind::ResourceExhausted,
+                format!("secrets[{index}] {secret}: reading its keys: {refusal}"),
+            )
+        })?;
     let document = parse(content, spec.format).map_err(|e| match e {
         ExtractError::Parse(why) => {
-            let asked: Vec<String> = spec.keys.iter().map(|k| format!("{:?}", k.key)).collect();
+            let asked: Vec<String> = spec
+                .keys
+                .iter()
+                .map(|k| quote(&k.key).to_string())
+                .collect();
             MountError::invalid_argument(format!(
-                "secrets[{index}] {secret:?}: its content cannot be read for keys [{}] \
+                "secrets[{index}] {secret}: its content cannot be read for keys [{}] \
                  (secrets[{index}].keys): {why}",
                 asked.join(", ")
             ))
@@ -142,19 +163,19 @@ pub(super) fn extract_keys(
                 taken = Err(MountError::new(
                     ErrorKind::ResourceExhausted,
                     format!(
-                        "secrets[{index}] {secret:?}: the value of key {:?} \
+                        "secrets[{index}] {secret}: the value of key {} \
                          (secrets[{index}].keys[{k}]) would take the mount's files past the \
                          bytes the driver accepts in one response; the keys before it took \
                          {written} of the {room} bytes left",
-                        key.key
+                        quote(&key.key)
                     ),
                 ));
                 break;
             }
             Err(_) => {
                 taken = Err(MountError::invalid_argument(format!(
-                    "secrets[{index}] {secret:?} has no key {:?} (secrets[{index}].keys[{k}].key)",
-                    key.key
+                    "secrets[{index}] {secret} has no key {} (secrets[{index}].keys[{k}].key)",
+                    quote(&key.key)
                 )));
                 break;
             }
@@ -174,8 +195,8 @@ pub(super) fn decode(
     use base64::Engine as _;
     let invalid = |why: &str| {
         MountError::invalid_argument(format!(
-            "secrets[{index}] {:?}: its content is not valid {} (secrets[{index}].encoding): {why}",
-            spec.source.display(),
+            "secrets[{index}] {}: its content is not valid {} (secrets[{index}].encoding): {why}",
+            quote(spec.source.display()),
             spec.encoding.as_str()
         ))
     };

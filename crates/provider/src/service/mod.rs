@@ -280,6 +280,7 @@ where
             bundles,
             request.file_mode,
             self.config.max_total_bytes,
+            reservations.first(),
         )?;
         if !params.certificates.is_empty() {
             let (files, versions, held) = self
