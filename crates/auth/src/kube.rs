@@ -254,35 +254,45 @@ impl KubeApi {
         if status != StatusCode::OK {
             return Err(status_error(operation, &response));
         }
-        #[derive(Deserialize, Default)]
-        struct Metadata {
-            #[serde(rename = "resourceVersion", default)]
-            resource_version: Option<String>,
-        }
-        #[derive(Deserialize)]
-        struct Secret {
-            #[serde(default)]
-            metadata: Metadata,
-            #[serde(default)]
-            data: Members,
-        }
-        let parsed: Secret = parse(&response, operation)?;
-        let mut data = BTreeMap::new();
-        for (key, value) in parsed.data.0 {
-            let bytes = STANDARD
-                .decode(value.trim())
-                .map_err(|_| AuthError::UserSecret {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                    problem: crate::error::UserSecretError::NotBase64(key.clone()),
-                })?;
-            data.insert(key, Zeroizing::new(bytes));
-        }
-        Ok(Some(KubeSecret {
-            data,
-            resource_version: parsed.metadata.resource_version,
-        }))
+        secret_from_body(response.body(), namespace, name).map(Some)
     }
+}
+
+/// A Secret's JSON as the API server answers it, into the members a user principal reads,
+/// decoded.
+pub(crate) fn secret_from_body(
+    body: &[u8],
+    namespace: &str,
+    name: &str,
+) -> Result<KubeSecret, AuthError> {
+    #[derive(Deserialize, Default)]
+    struct Metadata {
+        #[serde(rename = "resourceVersion", default)]
+        resource_version: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Secret {
+        #[serde(default)]
+        metadata: Metadata,
+        #[serde(default)]
+        data: Members,
+    }
+    let parsed: Secret = parse_body(body, format!("reading secret {namespace}/{name}"))?;
+    let mut data = BTreeMap::new();
+    for (key, value) in parsed.data.0 {
+        let bytes = STANDARD
+            .decode(value.trim())
+            .map_err(|_| AuthError::UserSecret {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                problem: crate::error::UserSecretError::NotBase64(key.clone()),
+            })?;
+        data.insert(key, Zeroizing::new(bytes));
+    }
+    Ok(KubeSecret {
+        data,
+        resource_version: parsed.metadata.resource_version,
+    })
 }
 
 /// A Secret's `data` as read: every member's name, but only the value of the members the
@@ -343,9 +353,16 @@ fn parse<T: serde::de::DeserializeOwned>(
     response: &http::Response<bytes::Bytes>,
     operation: String,
 ) -> Result<T, AuthError> {
-    // The body is within the transport's limit already; the parse holds to it.
-    let budget = bounded::ParseBudget::new(response.body().len());
-    bounded::json::from_slice(response.body(), &budget).map_err(|e| AuthError::MalformedResponse {
+    parse_body(response.body(), operation)
+}
+
+/// Decodes a JSON body within its own length (the transport's limit bounds it already).
+fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    operation: String,
+) -> Result<T, AuthError> {
+    let budget = bounded::ParseBudget::new(body.len());
+    bounded::json::from_slice(body, &budget).map_err(|e| AuthError::MalformedResponse {
         endpoint: Endpoint::Kubernetes,
         operation,
         reason: e.to_string(),

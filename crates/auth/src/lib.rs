@@ -33,6 +33,8 @@ mod tenant_keys;
 pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
 pub use identity::{Credential, Identity};
 pub use key::{KeyError, PrivateKey};
+#[cfg(feature = "test-support")]
+pub use principals::load_user_secret_for_tests;
 pub use principals::{
     Caller, DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established,
     IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,

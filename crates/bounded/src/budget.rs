@@ -8,8 +8,8 @@
 ///   scalar an alias replays;
 /// - `n + 256` nodes (a node takes at least one byte of input unless an alias replays it)
 ///   and `n / 4 + 64` replayed events (at most 16 384);
-/// - [`ParseBudget::max_depth`] levels of nesting, one document, and no anchor buffer
-///   larger than the input.
+/// - [`ParseBudget::max_depth`] levels of nesting, one document, no anchor buffer larger
+///   than the input, and implicit keys of at most [`MAX_KEY_LOOKAHEAD`] characters.
 ///
 /// JSON has no aliases: its input length is the bound (serde_json's own depth limit
 /// applies), and what a document of `n` bytes becomes is a constant multiple of `n`.
@@ -25,6 +25,9 @@ pub struct ParseBudget {
 const EXPANSION_SLACK: usize = 1024;
 /// Nodes allowed beyond one per input byte.
 const NODE_SLACK: usize = 256;
+/// The longest implicit key: YAML allows 1024 characters; 256 keeps the scanner's token
+/// queue small (measured: 150 KB at most, against 600 KB at 1024).
+pub const MAX_KEY_LOOKAHEAD: usize = 256;
 /// The most alias-replayed events in any parse.
 const MAX_REPLAYED_EVENTS: usize = 16_384;
 
@@ -110,6 +113,10 @@ impl ParseBudget {
         budget.max_total_scalar_bytes = self.expanded_bytes(input_len);
         budget.max_merge_keys = 256;
         budget.max_inclusion_depth = 0;
+        // While a plain scalar may still turn out to be a key, the scanner keeps every token
+        // it reads (some 600 bytes per character of lookahead: 600 KB at the default 1024).
+        // Keys here are field names and short map keys.
+        budget.simple_key_max_lookahead = MAX_KEY_LOOKAHEAD;
         let mut options = serde_saphyr::Options::default();
         options.budget = Some(budget);
         options.alias_limits.max_total_replayed_events = replayed;

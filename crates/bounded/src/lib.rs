@@ -33,7 +33,7 @@ mod quote;
 mod text;
 pub mod yaml;
 
-pub use budget::ParseBudget;
+pub use budget::{MAX_KEY_LOOKAHEAD, ParseBudget};
 pub use error::{DETAIL_CHARS, Exceeded, ParseError};
 pub use quote::{QUOTE_CHARS, Quoted, quote};
 pub use text::BoundedString;

@@ -5,6 +5,9 @@
 mod instance;
 mod keyload;
 mod user;
+
+#[cfg(feature = "test-support")]
+pub use user::load_user_secret_for_tests;
 mod workload;
 
 use std::collections::BTreeMap;

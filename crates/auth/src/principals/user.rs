@@ -497,3 +497,35 @@ fn check_fingerprint(value: &str) -> Result<(), UserSecretError> {
         len: value.len(),
     })
 }
+
+/// Loads a user principal's Secret from the API server's answer as a mount would (the
+/// Secret's JSON, its `config`, the checks of its members, the key decoded) and answers
+/// the bytes the cached key would be weighed at: for the peak-heap tests of other crates,
+/// which measure what a tenant's Secret may make the provider allocate.
+#[cfg(feature = "test-support")]
+pub fn load_user_secret_for_tests(body: &[u8]) -> Result<usize, String> {
+    let secret = crate::kube::secret_from_body(body, "ns", "secret").map_err(|e| e.to_string())?;
+    let config = UserConfig::parse(&secret.data).map_err(|e| e.to_string())?;
+    let region = regions::Regions::default()
+        .resolve_known(&config.region)
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKey::from_pem(
+        &config.pem,
+        config.passphrase.as_ref().map(|p| p.as_slice()),
+    )
+    .map_err(|e| e.to_string())?;
+    let fingerprint = key.fingerprint();
+    let loaded = UserKey {
+        key: signing_key(key, &config, ("ns", "secret")),
+        region,
+        credential: Credential::User {
+            namespace: "ns".into(),
+            secret_name: "secret".into(),
+            resource_version: secret.resource_version.unwrap_or_default(),
+            key_fingerprint: fingerprint,
+            user: config.user,
+            tenancy: config.tenancy,
+        },
+    };
+    Ok(cache::CacheValue::bytes(&loaded))
+}
