@@ -462,7 +462,10 @@ impl Shared {
     /// The key that signs new Kubernetes tokens.
     pub(crate) fn issuer_key(&self) -> Arc<JwtSigner> {
         let st = self.state();
-        st.issuer_keys.last().cloned().unwrap_or_else(|| self.jwt.clone())
+        st.issuer_keys
+            .last()
+            .cloned()
+            .unwrap_or_else(|| self.jwt.clone())
     }
 
     pub(crate) fn workload_of(&self, w: &WorkloadRef) -> Option<Principal> {

@@ -135,7 +135,10 @@ pub(crate) fn mint(shared: &Shared, spec: &TokenSpec) -> Result<String, Error> {
             spec.namespace, spec.service_account
         )));
     };
-    let uid = spec.uid.clone().unwrap_or_else(|| service_account_uid.clone());
+    let uid = spec
+        .uid
+        .clone()
+        .unwrap_or_else(|| service_account_uid.clone());
     let mut kio = json!({
         "namespace": spec.namespace,
         "serviceaccount": {"name": spec.service_account, "uid": uid},
