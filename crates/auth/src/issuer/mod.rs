@@ -2,8 +2,8 @@
 //! from the Kubernetes API through the one transport and cached, and the verification of
 //! the service-account tokens mounts supply against them.
 //!
-//! Invariant 9: a token a request supplies is proven before any cached session is served
-//! to it. A supplied token arrives in the `csi.storage.k8s.io/serviceAccount.tokens`
+//! ARCHITECTURE.md, invariant 12: a token a request supplies is proven before any cached
+//! session is served to it. A supplied token arrives in the `csi.storage.k8s.io/serviceAccount.tokens`
 //! attribute, which a tenant can also set (a SecretProviderClass parameter of that name
 //! survives into the attributes when the CSIDriver requests no tokens, and the sync
 //! controller copies class parameters), so its claims alone prove nothing. Its signature is

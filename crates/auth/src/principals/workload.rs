@@ -127,9 +127,10 @@ fn read_token(
     Ok(TokenInfo { exp, uid })
 }
 
-/// A token the mount supplied, proven before anything cached is served to it (invariant
-/// 9): its claims checked here, then its signature verified against the cluster's issuer
-/// keys. A refused token never reaches the cache, so it cannot evict a valid session.
+/// A token the mount supplied, proven before anything cached is served to it
+/// (ARCHITECTURE.md, invariant 12): its claims checked here, then its signature verified
+/// against the cluster's issuer keys. A refused token never reaches the cache, so it cannot
+/// evict a valid session.
 async fn prove_supplied(
     inner: &Inner,
     token: &SecretString,
