@@ -69,6 +69,9 @@ PROMETHEUS_RULE_CRD = TESTS / "crds" / "monitoring.coreos.com_prometheusrules.ya
 DASHBOARD = HERE / "grafana" / "oci-provider.json"
 CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 
+# The rule workload identity needs to read the service-account issuer's keys.
+ISSUER_RULE = (("/.well-known/openid-configuration", "/openid/v1/jwks"), ("get",))
+
 failures = []
 
 
@@ -176,7 +179,8 @@ def env_of(container):
 
 
 def rbac_rules(docs):
-    return sorted((tuple(r["resources"]), tuple(r["verbs"])) for _, d in ours(docs) if d["kind"] == "ClusterRole" for r in d["rules"])
+    return sorted((tuple(r.get("resources") or r["nonResourceURLs"]), tuple(r["verbs"]))
+                  for _, d in ours(docs) if d["kind"] == "ClusterRole" for r in d["rules"])
 
 
 def memory_model(docs, baseline_mib):
@@ -247,12 +251,14 @@ def defaults_and_auth():
 
     token = (("serviceaccounts/token",), ("create",))
     secrets = (("secrets",), ("get",))
+    # Workload identity verifies the tokens mounts supply against the issuer's keys.
+    issuer = ISSUER_RULE
     cases = [
         ("instance alone", auth(True, False, False), [], "false", "[instance]"),
         ("user alone", auth(False, True, False), [secrets], "false", "[user]"),
-        ("workload alone", auth(False, False, True), [token], "true", "[workload]"),
-        ("workload with driver tokens", auth(False, False, True, False), [], "false", "[workload]"),
-        ("workload and user", auth(False, True, True), [secrets, token], "true", "[user, workload]"),
+        ("workload alone", auth(False, False, True), [issuer, token], "true", "[workload]"),
+        ("workload with driver tokens", auth(False, False, True, False), [issuer], "false", "[workload]"),
+        ("workload and user", auth(False, True, True), [issuer, secrets, token], "true", "[user, workload]"),
     ]
     check(env_of(provider_container(defaults)).get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == "[user, instance, workload]",
           "defaults: every auth type allowed")
@@ -294,7 +300,8 @@ def go_values():
     env = env_of(container)
     check(env.get("OCI_RESOURCE_PRINCIPAL_VERSION") == "2.2" and env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "us-ashburn-1", f"Go values: env {env}")
     check(container["resources"]["limits"] == {"cpu": "50m", "memory": "100Mi"}, f"Go values: resources {container['resources']}")
-    check(rbac_rules(docs) == [(("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))], f"Go values: RBAC {rbac_rules(docs)}")
+    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
+          f"Go values: RBAC {rbac_rules(docs)}")
     # Same object names and selector as the Go chart: `helm upgrade` patches in place.
     ds = find(docs, "DaemonSet", PROVIDER)
     check(ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": PROVIDER}, "Go values: the Go chart's selector")
@@ -356,7 +363,7 @@ def every_value():
     }
     for name, (got, want) in expect.items():
         check(got == want, f"every value: provider.{name} rendered {got!r}, expected {want!r}")
-    check(rbac_rules(docs) == [(("secrets",), ("get",))], f"every value: RBAC without TokenRequest {rbac_rules(docs)}")
+    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",))], f"every value: RBAC without TokenRequest {rbac_rules(docs)}")
     monitor = find(docs, "ServiceMonitor")
     check(monitor is not None and monitor["metadata"]["labels"].get("release") == "prometheus"
           and monitor["spec"]["endpoints"][0] == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},

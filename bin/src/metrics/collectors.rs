@@ -137,6 +137,12 @@ pub(super) struct FetchLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct VerificationLabel {
+    result: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RegionLabel {
     region: &'static str,
 }
@@ -220,6 +226,20 @@ impl ScrapeSources {
                 op,
                 result,
             })?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "token_verifications",
+            "Service-account tokens mounts supplied, checked before any cached session is \
+             served to them: ok (verified, cached), refused by the check that failed \
+             (signature, unknown_key, algorithm, issuer, audience, expired, not_yet_valid, \
+             claims, malformed) or cached (an identical token's kept refusal), unavailable \
+             (the cluster's issuer keys could not be read)",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((result, reason), n) in self.principals.token_verifications() {
+            ConstCounter::new(n)
+                .encode(family.encode_family(&VerificationLabel { result, reason })?)?;
         }
         Ok(())
     }

@@ -650,6 +650,36 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
     let mut wrong_sa = with_token.clone();
     wrong_sa.attributes = wrong_sa.attributes.replace("\"sa-1\"", "\"sa-0\"");
     errors.push(client.mount(wrong_sa).await.unwrap_err());
+    // A forgery of sa-1's token (its claims, another key's signature) while its session is
+    // warm: refused by the signature check, neither the token nor its parts in any output.
+    let forged = emu
+        .mint_service_account_token(
+            &testkit::TokenSpec::new(NAMESPACE, "sa-1")
+                .bound_to("pod-9", "00000000-0000-0000-0000-000000000009")
+                .signed_by(testkit::Signer::OtherKeySameKid),
+        )
+        .unwrap();
+    let mut forged_mount = with_token.clone();
+    forged_mount.attributes = forged_mount.attributes.replace(&sa_token, &forged);
+    let refused = client.mount(forged_mount).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("signature"), "{refused:?}");
+    errors.push(refused);
+    let metrics = provider.metrics().await;
+    for (labels, count) in [
+        ("result=\"ok\",reason=\"verified\"", 1.0),
+        ("result=\"refused\",reason=\"claims\"", 1.0),
+        ("result=\"refused\",reason=\"signature\"", 1.0),
+    ] {
+        assert_eq!(
+            metric(
+                &metrics,
+                &format!("oci_provider_token_verifications_total{{{labels}}}")
+            ),
+            count,
+            "{labels}: {metrics}"
+        );
+    }
     emu.script(Endpoint::Secrets, [Fault::UnknownContentType]);
     errors.push(
         client
@@ -678,6 +708,9 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
         SECRET_BYTES.to_owned(),
         sa_token.clone(),
         sa_token.rsplit('.').next().unwrap().to_owned(),
+        forged.clone(),
+        forged.split('.').nth(1).unwrap().to_owned(),
+        forged.rsplit('.').next().unwrap().to_owned(),
         "eyJ".to_owned(),
         // Key ids of security tokens show as `ST$<redacted>`; the token itself never.
         "ST$ey".to_owned(),
@@ -729,9 +762,14 @@ async fn grpc_go_mounts_for_the_sync_controller_as_it_dials() {
     )
     .await;
     let target_before = sync_controller_target();
-    // What the controller's TokenRequest returns: 600 s, bound to no pod.
+    // What the controller's TokenRequest returns: 600 s, bound to no pod, for the audience
+    // it was started with (the provider verifies it is its own).
     let token = emu
-        .issue_service_account_token(NAMESPACE, "sa-0", Duration::from_secs(600), None)
+        .mint_service_account_token(
+            &testkit::TokenSpec::new(NAMESPACE, "sa-0")
+                .audiences(&["oci-vault"])
+                .lifetime(Duration::from_secs(600)),
+        )
         .unwrap();
     let tokens =
         json!({"oci-vault": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}})

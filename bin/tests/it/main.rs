@@ -264,7 +264,19 @@ async fn invalid_configuration_fails_at_start_naming_the_key_and_source() {
 #[tokio::test]
 async fn tokens_never_reach_the_logs_at_trace_level() {
     const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YXBwOndlYiJ9.dG9wLXNlY3JldC1zaWc";
-    let provider = Provider::start(&["--log-level=trace", "--log-format=json"], &[]).await;
+    const VERIFIED_CLAIMS: &str = "eyJleHAiOjQxMDI0NDQ4MDAsImt1YmVybmV0ZXMuaW8iOnsibmFtZXNwYWNlIjoiYXBwIiwic2VydmljZWFjY291bnQiOnsibmFtZSI6IndlYiIsInVpZCI6InUtMSJ9LCJwb2QiOnsibmFtZSI6IndlYi0wIiwidWlkIjoiMGY2YzJiMWUifX19";
+    const VERIFIED: &str = concat!(
+        "eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ.",
+        "eyJleHAiOjQxMDI0NDQ4MDAsImt1YmVybmV0ZXMuaW8iOnsibmFtZXNwYWNlIjoiYXBwIiwic2VydmljZWFjY291bnQiOnsibmFtZSI6IndlYiIsInVpZCI6InUtMSJ9LCJwb2QiOnsibmFtZSI6IndlYi0wIiwidWlkIjoiMGY2YzJiMWUifX19",
+        ".dG9wLXNlY3JldC1zaWc"
+    );
+    // A region, so that mounts get as far as the workload principal (no endpoint is
+    // contacted: the Kubernetes API is not configured).
+    let provider = Provider::start(
+        &["--log-level=trace", "--log-format=json"],
+        &[("OCI_RESOURCE_PRINCIPAL_REGION", "us-ashburn-1")],
+    )
+    .await;
     let mut client = provider.client().await;
     let tokens =
         json!({"": {"token": TOKEN, "expirationTimestamp": "2030-01-01T00:00:00Z"}}).to_string();
@@ -287,6 +299,25 @@ async fn tokens_never_reach_the_logs_at_trace_level() {
     let mut request = mount_request(valid_workload_attributes(json!({})));
     request.secrets = json!({ "csi.storage.k8s.io/serviceAccount.tokens": tokens }).to_string();
     client.mount(request).await.unwrap_err();
+    // A token whose claims pass (app/web, bound to web-0, expiring in 2100) goes on to the
+    // signature check, which cannot read the issuer's keys here: that path's messages and
+    // logs hold it no more than the others.
+    let tokens =
+        json!({"": {"token": VERIFIED, "expirationTimestamp": "2030-01-01T00:00:00Z"}}).to_string();
+    let status = client
+        .mount(mount_request(valid_workload_attributes(
+            json!({ "csi.storage.k8s.io/serviceAccount.tokens": tokens }),
+        )))
+        .await
+        .unwrap_err();
+    assert!(
+        status
+            .message()
+            .contains("cannot verify the service-account token"),
+        "{}",
+        status.message()
+    );
+    assert!(!status.message().contains(VERIFIED_CLAIMS), "{status:?}");
     let output = provider.terminate().await;
     assert!(
         output.stderr.contains("mount failed"),
@@ -306,6 +337,7 @@ async fn tokens_never_reach_the_logs_at_trace_level() {
             .stderr
             .contains("eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YXBwOndlYiJ9")
     );
+    assert!(!output.stderr.contains(VERIFIED_CLAIMS));
 }
 
 #[tokio::test]

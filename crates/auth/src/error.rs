@@ -212,6 +212,18 @@ pub enum AuthError {
         /// What is wrong (never the token).
         reason: &'static str,
     },
+    /// The cluster's service-account issuer keys could not be read, so the token a mount
+    /// supplied cannot be verified; it is not served unverified.
+    #[error("{}", issuer_keys_message(namespace, service_account, source.kind()))]
+    IssuerKeys {
+        /// Namespace.
+        namespace: String,
+        /// Service account.
+        service_account: String,
+        /// Why the keys could not be read (the Kubernetes API's answer, or the transport's).
+        #[source]
+        source: Box<AuthError>,
+    },
     /// No service-account token for the workload audience was supplied, and the provider
     /// may not request one (TokenRequest disabled, or a caller whose mounts are for no pod).
     #[error("{}", no_token_message(namespace, service_account, audience, *caller, sent, *token_requests))]
@@ -352,6 +364,14 @@ impl AuthError {
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
             AuthError::Shared(shared) => shared.kind(),
+            // The tenant's token is not at fault: what failed is the provider's reading of
+            // the cluster's keys (its RBAC, the API server, its configuration).
+            AuthError::IssuerKeys { source, .. } => match source.kind() {
+                kind @ (ErrorKind::PermissionDenied
+                | ErrorKind::DeadlineExceeded
+                | ErrorKind::InvalidArgument) => kind,
+                _ => ErrorKind::Unavailable,
+            },
         }
     }
 }
@@ -397,6 +417,23 @@ fn no_token_message(
              provider does not request tokens for the controller, which mounts for no pod"
         ),
     }
+}
+
+fn issuer_keys_message(namespace: &str, service_account: &str, kind: ErrorKind) -> String {
+    use crate::issuer::{DISCOVERY_PATH, JWKS_PATH};
+    let grant = match kind {
+        ErrorKind::PermissionDenied | ErrorKind::NotFound => format!(
+            ": grant the provider's service account the ClusterRole \
+             system:service-account-issuer-discovery, or a ClusterRole rule for nonResourceURLs \
+             [\"{DISCOVERY_PATH}\", \"{JWKS_PATH}\"] with verb get"
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "cannot verify the service-account token supplied for {namespace}/{service_account}: \
+         the cluster's service-account issuer keys (GET {DISCOVERY_PATH} and {JWKS_PATH} on the \
+         kubernetes api) cannot be read, and a supplied token is not served unverified{grant}"
+    )
 }
 
 fn secret_forbidden_message(namespace: &str, name: &str, caller: crate::Caller) -> String {

@@ -53,6 +53,11 @@ fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
     )
 }
 
+const SAMPLE_DISCOVERY: &str = r#"{"issuer":"https://kubernetes.default.svc","jwks_uri":"https://10.0.0.1:6443/openid/v1/jwks","response_types_supported":["id_token"]}"#;
+
+/// A JWKS with one RSA key (a 2048-bit modulus) and one P-256 key.
+const SAMPLE_JWKS: &str = r#"{"keys":[{"use":"sig","kty":"RSA","kid":"r","alg":"RS256","n":"0zQ34yYniTDGSEuhySc7Ujyg0X08y6TeX_LbKaFXEik57Ze8XQud3ONKuuGKZ_KU5ez7KIqV2LsjdEnVTfcnmFBdOiW3aGMI8tt0dWW2PXLocrbCcz7vePN6XwZvAstEv7UJ2mMRek6jQMrq2kUhj0lq1eVTZj1cQeICsLjtYUznKAZi56415PaQTL_c5pwdetBbiMhn9tK_pCig6PhT74hJUTyyYG7bqvPQ_H2jiRJi_pYa6tJNL37v4VFrFbU5bg1bIU2PtuvcQsHbx3HsjMTVZD0knQ94aW3x7TP1atwFSyorxCzNGeTJ7g3cNVabbuDZkSznCOW6GPIDQx8LtQ","e":"AQAB"},{"kty":"EC","crv":"P-256","kid":"e","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+
 const SAMPLE_CLAIMS: &str = r#"{"exp":1700000000,"iat":1699990000,"kubernetes.io":{"namespace":"app","serviceaccount":{"name":"web","uid":"u-1"},"pod":{"name":"p","uid":"pu"}},"res_tenant":"t"}"#;
 
 proptest! {
@@ -134,6 +139,20 @@ proptest! {
     }
 
     #[test]
+    fn fuzz_the_issuers_documents(body in proptest::collection::vec(any::<u8>(), 0..400), edits in edits(), which in 0..2usize) {
+        crate::issuer::fuzz_documents(&body);
+        let sample = [SAMPLE_DISCOVERY, SAMPLE_JWKS][which];
+        crate::issuer::fuzz_documents(&mutate(sample.as_bytes(), &edits));
+    }
+
+    #[test]
+    fn fuzz_the_jws_header_and_signature(text in ".{0,300}", edits in edits()) {
+        crate::issuer::fuzz_jws(&text);
+        let token = String::from_utf8_lossy(&mutate(jwt_of(SAMPLE_CLAIMS).as_bytes(), &edits)).into_owned();
+        crate::issuer::fuzz_jws(&token);
+    }
+
+    #[test]
     fn fuzz_the_instance_certificate_subject(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = crate::principals::fuzz_tenancy(&bytes);
     }
@@ -149,4 +168,8 @@ fn the_samples_are_valid_so_mutations_start_from_real_input() {
     );
     assert!(crate::principals::fuzz_proxymux_reply(valid.as_bytes()).is_ok());
     assert!(PrivateKey::from_pem(&data("rsa-pkcs1.pem"), None).is_ok());
+    assert!(crate::issuer::fuzz_documents_are_valid(
+        SAMPLE_DISCOVERY.as_bytes(),
+        SAMPLE_JWKS.as_bytes()
+    ));
 }

@@ -1,5 +1,8 @@
-//! Just enough JWT reading for expiry decisions: the SDK never verifies signatures of the
-//! tokens it holds, and neither do we (the issuer verifies them when they come back).
+//! Just enough JWT reading for claims and expiry decisions. Signatures are not checked
+//! here: the service-account tokens a mount supplies are verified by `crate::issuer`
+//! against the cluster's keys; the tokens OCI and the API server hand us (RPSTs, instance
+//! tokens, TokenRequest answers) are proven by where they came from, over TLS, and OCI
+//! verifies them when they come back.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -18,6 +21,17 @@ pub(crate) fn claims(token: &str) -> Result<Map<String, Value>, &'static str> {
     };
     object(header).map_err(|_| "its header is not base64url json")?;
     object(payload).map_err(|_| "its payload is not base64url json")
+}
+
+/// The header of a JWT, with the same checks as [`claims`].
+pub(crate) fn header(token: &str) -> Result<Map<String, Value>, &'static str> {
+    let mut parts = token.split('.');
+    let (Some(header), Some(_payload), Some(_signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("it is not a jwt of three parts");
+    };
+    object(header).map_err(|_| "its header is not base64url json")
 }
 
 fn object(part: &str) -> Result<Map<String, Value>, ()> {
@@ -44,15 +58,39 @@ pub(crate) fn exp(claims: &Map<String, Value>) -> Result<SystemTime, &'static st
         .get("exp")
         .and_then(Value::as_f64)
         .ok_or("it has no numeric exp claim")?;
-    if !exp.is_finite() || exp < 0.0 || exp > MAX_EXP_SECS as f64 {
-        return Err("its exp claim is out of range");
+    numeric_date(exp).ok_or("its exp claim is out of range")
+}
+
+/// The `nbf` claim as a time, if the token has one.
+pub(crate) fn nbf(claims: &Map<String, Value>) -> Result<Option<SystemTime>, &'static str> {
+    let Some(nbf) = claims.get("nbf") else {
+        return Ok(None);
+    };
+    let nbf = nbf.as_f64().ok_or("its nbf claim is not a number")?;
+    numeric_date(nbf)
+        .map(Some)
+        .ok_or("its nbf claim is out of range")
+}
+
+/// A JWT NumericDate (seconds since the epoch) as a time, in whole seconds; `None` when it
+/// is negative, not finite or past the year 9999.
+fn numeric_date(secs: f64) -> Option<SystemTime> {
+    if !secs.is_finite() || secs < 0.0 || secs > MAX_EXP_SECS as f64 {
+        return None;
     }
-    // Truncation is intended: expiry is compared in whole seconds.
+    // Truncation is intended: times are compared in whole seconds.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // reason: checked above
-    let secs = exp as u64;
-    UNIX_EPOCH
-        .checked_add(Duration::from_secs(secs))
-        .ok_or("its exp claim is out of range")
+    let secs = secs as u64;
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// Whether the `aud` claim (a string or an array of strings) holds `audience`.
+pub(crate) fn has_audience(claims: &Map<String, Value>, audience: &str) -> bool {
+    match claims.get("aud") {
+        Some(Value::String(one)) => one == audience,
+        Some(Value::Array(many)) => many.iter().any(|a| a.as_str() == Some(audience)),
+        _ => false,
+    }
 }
 
 /// A string claim at a JSON pointer, e.g. `/kubernetes.io/serviceaccount/uid`.
@@ -107,5 +145,30 @@ mod tests {
         }
         let c = claims(&token(r#"{"exp":253402300799}"#)).unwrap();
         assert!(exp(&c).is_ok());
+    }
+
+    #[test]
+    fn nbf_is_optional_and_read_like_exp() {
+        let c = claims(&token(r#"{"exp":1}"#)).unwrap();
+        assert_eq!(nbf(&c), Ok(None));
+        let c = claims(&token(r#"{"nbf":1700000000}"#)).unwrap();
+        assert_eq!(
+            nbf(&c),
+            Ok(Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)))
+        );
+        let c = claims(&token(r#"{"nbf":"now"}"#)).unwrap();
+        assert_eq!(nbf(&c), Err("its nbf claim is not a number"));
+        let c = claims(&token(r#"{"nbf":1e300}"#)).unwrap();
+        assert_eq!(nbf(&c), Err("its nbf claim is out of range"));
+    }
+
+    #[test]
+    fn the_audience_is_a_string_or_one_of_an_array() {
+        let one = claims(&token(r#"{"aud":"oci"}"#)).unwrap();
+        let many = claims(&token(r#"{"aud":["x","oci"]}"#)).unwrap();
+        let other = claims(&token(r#"{"aud":["x"]}"#)).unwrap();
+        let none = claims(&token(r#"{}"#)).unwrap();
+        assert!(has_audience(&one, "oci") && has_audience(&many, "oci"));
+        assert!(!has_audience(&other, "oci") && !has_audience(&none, "oci"));
     }
 }

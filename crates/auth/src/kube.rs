@@ -1,5 +1,6 @@
-//! The two Kubernetes API calls auth needs (TokenRequest and reading a Secret), made
-//! directly over the one transport; see ARCHITECTURE.md for why not kube-rs.
+//! The Kubernetes API calls auth needs (TokenRequest, reading a Secret, and the
+//! service-account issuer's discovery document and keys), made directly over the one
+//! transport; see ARCHITECTURE.md for why not kube-rs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -144,6 +145,23 @@ impl KubeApi {
         operation: &str,
         deadline: tokio::time::Instant,
     ) -> Result<http::Response<bytes::Bytes>, AuthError> {
+        let request = self.request(method, uri, json_body)?;
+        send(
+            &self.http,
+            request,
+            deadline,
+            Endpoint::Kubernetes,
+            operation,
+        )
+        .await
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        uri: String,
+        json_body: Option<String>,
+    ) -> Result<Request<bytes::Bytes>, AuthError> {
         let mut builder = Request::builder()
             .method(method)
             .uri(uri)
@@ -156,15 +174,37 @@ impl KubeApi {
             }
             None => bytes::Bytes::new(),
         };
-        let request = build(builder, body)?;
-        send(
+        build(builder, body)
+    }
+
+    /// `GET {path}` of the cluster's service-account issuer (`/.well-known/openid-configuration`
+    /// or `/openid/v1/jwks`), with the provider's bearer token like every other call, the
+    /// body read under `max_bytes` (and the transport's own limit). Any answer but 200 is an
+    /// error naming the status. The discovery document's `jwks_uri` is not followed: it
+    /// names the API server's external address, which a node need not reach or trust.
+    pub(crate) async fn issuer_document(
+        &self,
+        path: &str,
+        max_bytes: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<bytes::Bytes, AuthError> {
+        let operation = format!("reading the service-account issuer's {path}");
+        let mut request = self.request(Method::GET, format!("{}{path}", self.base), None)?;
+        request
+            .extensions_mut()
+            .insert(transport::MaxBodyBytes(max_bytes));
+        let response = send(
             &self.http,
             request,
             deadline,
             Endpoint::Kubernetes,
-            operation,
+            &operation,
         )
-        .await
+        .await?;
+        if response.status() != StatusCode::OK {
+            return Err(status_error(operation, &response));
+        }
+        Ok(response.into_body())
     }
 
     /// `POST .../serviceaccounts/{sa}/token` (spec 3.6): a token for `audience` (`""`:

@@ -14,13 +14,16 @@
 //! - [`Principals`] is the façade over the three principals (user API key from a Kubernetes
 //!   Secret, instance principal, OKE workload identity): [`Principals::establish`] readies
 //!   one mount's identity and answers with its [`Session`], from per-identity caches.
-//!   Every call it makes goes through the one transport.
+//!   A service-account token a mount supplies is verified against the cluster's
+//!   service-account issuer keys before any cached session is served to it. Every call it
+//!   makes goes through the one transport.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
 #[cfg(test)]
 mod fuzz;
 mod identity;
+mod issuer;
 mod jwt;
 mod key;
 mod kube;

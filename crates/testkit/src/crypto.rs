@@ -127,9 +127,32 @@ impl JwtSigner {
             .unwrap_or_default()
     }
 
+    /// The key id its tokens name.
+    pub(crate) fn kid(&self) -> &str {
+        &self.kid
+    }
+
+    /// The verification key as a JWK, as the Kubernetes API serves it at `/openid/v1/jwks`.
+    pub(crate) fn jwk(&self) -> serde_json::Value {
+        let public = self.key.public_key();
+        serde_json::json!({
+            "use": "sig",
+            "kty": "RSA",
+            "kid": self.kid,
+            "alg": "RS256",
+            "n": URL_SAFE_NO_PAD.encode(public.modulus().big_endian_without_leading_zero()),
+            "e": URL_SAFE_NO_PAD.encode(public.exponent().big_endian_without_leading_zero()),
+        })
+    }
+
     /// Signs `claims` as an RS256 JWT.
     pub(crate) fn sign(&self, claims: &serde_json::Value) -> Result<String, Error> {
-        let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "kid": self.kid});
+        self.sign_as(&self.kid, claims)
+    }
+
+    /// Signs `claims` as an RS256 JWT whose header names `kid` (another key's, to forge).
+    pub(crate) fn sign_as(&self, kid: &str, claims: &serde_json::Value) -> Result<String, Error> {
+        let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "kid": kid});
         let signing_input = format!(
             "{}.{}",
             URL_SAFE_NO_PAD.encode(header.to_string()),

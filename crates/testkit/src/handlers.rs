@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::crypto::{is_rsa_public_key, pem_decode, sha1_fingerprint, sha256_fingerprint};
 use crate::seed::{STAGES, WorkloadRef};
-use crate::server::Reply;
+use crate::server::{IssuerDocument, Reply};
 use crate::sig;
 use crate::state::{Principal, SecretsCall, Shared, TokenKind, rfc3339};
 use crate::stats::Endpoint;
@@ -500,6 +500,9 @@ fn kube(shared: &Shared, parts: &Parts, body: &[u8]) -> Reply {
     if let Err(e) = shared.check_token(token, &[TokenKind::Kube]) {
         return kube_status(StatusCode::UNAUTHORIZED, "Unauthorized", &e);
     }
+    if let Some(document) = crate::server::issuer_document(Endpoint::Kube, parts.uri.path()) {
+        return issuer_document(shared, parts, document);
+    }
     let segs: Vec<&str> = parts
         .uri
         .path()
@@ -561,6 +564,36 @@ fn kube(shared: &Shared, parts: &Parts, body: &[u8]) -> Reply {
     }
 }
 
+/// The service-account issuer's discovery document and keys, as an API server serves them:
+/// the issuer is what its tokens carry as `iss` (not this endpoint's URL), and `jwks_uri`
+/// names the issuer's host, which a client need not reach.
+fn issuer_document(shared: &Shared, parts: &Parts, document: IssuerDocument) -> Reply {
+    if parts.method != Method::GET {
+        return kube_status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        );
+    }
+    match document {
+        IssuerDocument::Discovery => Reply::json(
+            StatusCode::OK,
+            &json!({
+                "issuer": crate::SERVICE_ACCOUNT_ISSUER,
+                "jwks_uri": format!("{}/openid/v1/jwks", crate::SERVICE_ACCOUNT_ISSUER),
+                "response_types_supported": ["id_token"],
+                "subject_types_supported": ["public"],
+                "id_token_signing_alg_values_supported": ["RS256"],
+            }),
+        ),
+        IssuerDocument::Jwks => {
+            let keys: Vec<serde_json::Value> =
+                shared.state().issuer_keys.iter().map(|k| k.jwk()).collect();
+            Reply::json(StatusCode::OK, &json!({ "keys": keys }))
+        }
+    }
+}
+
 fn token_request(shared: &Shared, ns: &str, sa: &str, body: &[u8]) -> Reply {
     let wl = WorkloadRef {
         namespace: ns.into(),
@@ -594,7 +627,7 @@ fn token_request(shared: &Shared, ns: &str, sa: &str, body: &[u8]) -> Reply {
         })
         .unwrap_or_default();
     if audiences.is_empty() {
-        audiences.push("https://kubernetes.default.svc.cluster.local".into());
+        audiences.push(crate::SERVICE_ACCOUNT_ISSUER.into());
     }
     let default = shared.state().lifetimes.kube_token_default_secs;
     let secs = match spec.get("expirationSeconds") {
@@ -636,7 +669,7 @@ fn token_request(shared: &Shared, ns: &str, sa: &str, body: &[u8]) -> Reply {
     }
     let claims = json!({
         "aud": audiences,
-        "iss": "https://kubernetes.default.svc.cluster.local",
+        "iss": crate::SERVICE_ACCOUNT_ISSUER,
         "sub": format!("system:serviceaccount:{ns}:{sa}"),
         "kubernetes.io": kio,
     });
@@ -678,7 +711,7 @@ fn token_request(shared: &Shared, ns: &str, sa: &str, body: &[u8]) -> Reply {
 fn audiences_or(req: &serde_json::Value) -> serde_json::Value {
     match req.pointer("/spec/audiences") {
         Some(a) if a.as_array().is_some_and(|a| !a.is_empty()) => a.clone(),
-        _ => json!(["https://kubernetes.default.svc.cluster.local"]),
+        _ => json!([crate::SERVICE_ACCOUNT_ISSUER]),
     }
 }
 

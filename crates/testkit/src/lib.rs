@@ -46,6 +46,7 @@ mod server;
 mod sig;
 mod state;
 mod stats;
+mod tokens;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -69,9 +70,15 @@ pub use crate::seed::{
 };
 pub use crate::state::{Principal, Revoke, SecretsCall};
 pub use crate::stats::{Endpoint, ListenerStats, Stats, WaitTimeout};
+pub use crate::tokens::{Signer, TokenSpec};
+
+/// The issuer of the emulator's service-account tokens (`iss`, and the `issuer` of its
+/// `/.well-known/openid-configuration`): like a real cluster's, not the URL of its
+/// Kubernetes endpoint. Also the default audience of its tokens.
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 use crate::server::Reply;
-use crate::state::{Shared, TokenKind, VersionState};
+use crate::state::{Shared, VersionState};
 
 /// Errors of the emulator's API.
 #[derive(Debug, thiserror::Error)]
@@ -301,38 +308,11 @@ fn issue_sa_token(
     lifetime: Duration,
     pod: Option<(&str, &str)>,
 ) -> Result<String, Error> {
-    let wl = WorkloadRef {
-        namespace: namespace.into(),
-        service_account: name.into(),
-    };
-    let principal = shared
-        .workload_of(&wl)
-        .ok_or_else(|| Error::NotFound(format!("service account {namespace}/{name}")))?;
-    let Principal::Workload {
-        service_account_uid,
-        ..
-    } = &principal
-    else {
-        return Err(Error::NotFound(format!(
-            "service account {namespace}/{name}"
-        )));
-    };
-    let mut kio = json!({
-        "namespace": namespace,
-        "serviceaccount": {"name": name, "uid": service_account_uid},
-    });
+    let mut spec = TokenSpec::new(namespace, name).lifetime(lifetime);
     if let Some((pod, uid)) = pod {
-        kio["pod"] = json!({"name": pod, "uid": uid});
+        spec = spec.bound_to(pod, uid);
     }
-    let claims = json!({
-        "aud": ["https://kubernetes.default.svc.cluster.local"],
-        "iss": "https://kubernetes.default.svc.cluster.local",
-        "sub": format!("system:serviceaccount:{namespace}:{name}"),
-        "kubernetes.io": kio,
-    });
-    Ok(shared
-        .issue_token(TokenKind::Kube, principal, claims, lifetime, None)?
-        .0)
+    tokens::mint(shared, &spec)
 }
 
 impl EmulatorHandle {
@@ -656,6 +636,34 @@ impl EmulatorHandle {
         pod: Option<(&str, &str)>,
     ) -> Result<String, Error> {
         issue_sa_token(&self.shared, namespace, name, lifetime, pod)
+    }
+
+    /// Mints a service-account token to order: genuine, or forged (another key, an unknown
+    /// key id, no signature), for another audience or issuer, expired or not valid yet.
+    pub fn mint_service_account_token(&self, spec: &TokenSpec) -> Result<String, Error> {
+        tokens::mint(&self.shared, spec)
+    }
+
+    /// Rotates the service-account issuer's signing key: tokens issued from now on name a
+    /// new key id, and `/openid/v1/jwks` publishes the new key beside the old ones (which
+    /// still verify the tokens they signed).
+    pub fn rotate_issuer_key(&self) -> Result<(), Error> {
+        let key = Arc::new(crate::crypto::JwtSigner::generate()?);
+        self.shared.state().issuer_keys.push(key);
+        Ok(())
+    }
+
+    /// Appends faults consumed one per request for the service-account issuer's documents
+    /// (`/.well-known/openid-configuration`, `/openid/v1/jwks`), apart from the Kubernetes
+    /// endpoint's own faults, which do not apply to them.
+    pub fn script_issuer(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.shared.state().issuer_faults.script.extend(faults);
+    }
+
+    /// Sets (or clears) a fault applied to every request for the issuer's documents once
+    /// their script is exhausted.
+    pub fn set_issuer_fault(&self, fault: Option<Fault>) {
+        self.shared.state().issuer_faults.persistent = fault;
     }
 
     /// The provider configuration file content: `[endpoints]`, CA and token paths.

@@ -354,7 +354,17 @@ async fn dispatch(
             return finish(&shared, endpoint, reply, &rid, Fault::Pass, in_flight);
         }
     };
-    let fault = shared.state().faults.entry(endpoint).or_default().next();
+    let document = issuer_document(endpoint, parts.uri.path());
+    if let Some(document) = document {
+        shared.counters.update(|s| match document {
+            IssuerDocument::Discovery => s.issuer_discovery_requests += 1,
+            IssuerDocument::Jwks => s.jwks_requests += 1,
+        });
+    }
+    let fault = match document {
+        Some(_) => shared.state().issuer_faults.next(),
+        None => shared.state().faults.entry(endpoint).or_default().next(),
+    };
 
     if let Some(gate) = shared.gates.get(&endpoint) {
         hold_while(&shared, endpoint, gate.subscribe()).await;
@@ -416,6 +426,25 @@ async fn dispatch(
         _ => reply,
     };
     finish(&shared, endpoint, reply, &rid, fault, in_flight)
+}
+
+/// One of the service-account issuer's documents the Kubernetes endpoint serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IssuerDocument {
+    /// `/.well-known/openid-configuration`.
+    Discovery,
+    /// `/openid/v1/jwks`.
+    Jwks,
+}
+
+/// Which issuer document a request is for, if any: these have their own counters and
+/// faults.
+pub(crate) fn issuer_document(endpoint: Endpoint, path: &str) -> Option<IssuerDocument> {
+    match (endpoint, path) {
+        (Endpoint::Kube, "/.well-known/openid-configuration") => Some(IssuerDocument::Discovery),
+        (Endpoint::Kube, "/openid/v1/jwks") => Some(IssuerDocument::Jwks),
+        _ => None,
+    }
 }
 
 impl Reply {

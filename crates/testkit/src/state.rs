@@ -1,7 +1,7 @@
 //! The emulator's mutable state and the identity model.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clock::SharedClock;
@@ -181,6 +181,12 @@ pub(crate) struct State {
     pub(crate) ca_bundles: Vec<crate::certs::CaSeed>,
     pub(crate) certificate_calls: Vec<crate::certs::CertificateCall>,
     pub(crate) faults: BTreeMap<Endpoint, FaultPlan>,
+    /// Faults of the service-account issuer's two documents at the Kubernetes endpoint,
+    /// apart from the endpoint's own.
+    pub(crate) issuer_faults: FaultPlan,
+    /// The service-account issuer's keys, oldest first: the last signs new Kubernetes
+    /// tokens, all are published (as an API server verifying with old keys does).
+    pub(crate) issuer_keys: Vec<Arc<JwtSigner>>,
     pub(crate) http1_only: BTreeSet<Endpoint>,
     pub(crate) idle_timeout: BTreeMap<Endpoint, Duration>,
     /// Emulator time = base clock + offset (`true` = ahead).
@@ -198,7 +204,8 @@ pub(crate) struct Shared {
     pub(crate) clock: SharedClock,
     state: Mutex<State>,
     pub(crate) counters: Counters,
-    pub(crate) jwt: JwtSigner,
+    /// Signs OCI's tokens (RPSTs, instance tokens) and, until a rotation, Kubernetes ones.
+    pub(crate) jwt: Arc<JwtSigner>,
     pub(crate) pki: Pki,
     pub(crate) gates: BTreeMap<Endpoint, watch::Sender<bool>>,
     pub(crate) stall_release: watch::Sender<u64>,
@@ -229,7 +236,7 @@ pub(crate) fn derived_uid(namespace: &str, name: &str) -> String {
 impl Shared {
     pub(crate) fn new(seed: &Seed, clock: SharedClock) -> Result<Self, Error> {
         let pki = Pki::generate(&seed.instance.tenancy, &seed.instance.instance_id)?;
-        let jwt = JwtSigner::generate()?;
+        let jwt = Arc::new(JwtSigner::generate()?);
         let now = clock.now();
         let mut users = Vec::new();
         for u in &seed.users {
@@ -328,6 +335,8 @@ impl Shared {
             revoked: BTreeSet::new(),
             secrets_calls: Vec::new(),
             faults: BTreeMap::new(),
+            issuer_faults: FaultPlan::default(),
+            issuer_keys: vec![jwt.clone()],
             http1_only: BTreeSet::new(),
             idle_timeout: BTreeMap::new(),
             clock_offset: (true, Duration::ZERO),
@@ -401,7 +410,10 @@ impl Shared {
             obj.insert("exp".into(), secs(exp).into());
             obj.insert("jti".into(), crate::crypto::random_hex(16).into());
         }
-        let token = self.jwt.sign(&claims)?;
+        let token = match kind {
+            TokenKind::Kube => self.issuer_key().sign(&claims)?,
+            TokenKind::Rpst | TokenKind::Instance => self.jwt.sign(&claims)?,
+        };
         self.state().tokens.insert(
             token.clone(),
             TokenRecord {
@@ -431,7 +443,11 @@ impl Shared {
         if !kinds.contains(&record.kind) {
             return Err("token is of the wrong kind for this endpoint".into());
         }
-        if !self.jwt.verify(token) {
+        let verified = match record.kind {
+            TokenKind::Kube => self.state().issuer_keys.iter().any(|k| k.verify(token)),
+            TokenKind::Rpst | TokenKind::Instance => self.jwt.verify(token),
+        };
+        if !verified {
             return Err("token signature is invalid".into());
         }
         if record.force_expired || record.exp <= self.now() {
@@ -441,6 +457,15 @@ impl Shared {
             return Err("principal has been revoked".into());
         }
         Ok(record)
+    }
+
+    /// The key that signs new Kubernetes tokens.
+    pub(crate) fn issuer_key(&self) -> Arc<JwtSigner> {
+        let st = self.state();
+        st.issuer_keys
+            .last()
+            .cloned()
+            .unwrap_or_else(|| self.jwt.clone())
     }
 
     pub(crate) fn workload_of(&self, w: &WorkloadRef) -> Option<Principal> {

@@ -92,6 +92,13 @@ pub struct Stats {
     pub token_requests: BTreeMap<WorkloadRef, u64>,
     /// Successful federation calls.
     pub federations: u64,
+    /// Requests for the service-account issuer's discovery document
+    /// (`/.well-known/openid-configuration` at the Kubernetes endpoint), faulted ones
+    /// included.
+    pub issuer_discovery_requests: u64,
+    /// Requests for the service-account issuer's keys (`/openid/v1/jwks` at the Kubernetes
+    /// endpoint), faulted ones included.
+    pub jwks_requests: u64,
 }
 
 impl Stats {

@@ -312,6 +312,8 @@ struct Inner {
     key_gate: crate::tenant_keys::TenantKeys,
     failed_keys: keyload::FailedLoads,
     workloads: Cache<(String, String), workload::Session>,
+    /// The cluster's service-account issuer, which proves the tokens mounts supply.
+    issuer: crate::issuer::Issuer,
     instance: Cache<(), instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
     /// Credential fetches by (kind, exchange | refresh, ok | error).
@@ -350,13 +352,25 @@ impl Principals {
             .collect()
     }
 
-    /// Drops expired credentials every `every`, until the principals are dropped.
+    /// Verifications of the service-account tokens mounts supplied: (result `ok` |
+    /// `refused` | `unavailable`, reason) → count. The reason of `ok` is `verified` or
+    /// `cached`; of `refused`, the check that failed (`signature`, `unknown_key`,
+    /// `algorithm`, `issuer`, `audience`, `expired`, `not_yet_valid`, `claims`,
+    /// `malformed`) or `cached` (a verdict kept from an identical token); of `unavailable`,
+    /// `issuer_keys` (the cluster's keys could not be read).
+    pub fn token_verifications(&self) -> Vec<((&'static str, &'static str), u64)> {
+        self.inner.issuer.outcomes()
+    }
+
+    /// Drops expired credentials (and verdicts on tokens) every `every`, until the
+    /// principals are dropped.
     pub fn spawn_purgers(&self, every: Duration) -> Vec<tokio::task::JoinHandle<()>> {
         let inner = &self.inner;
         vec![
             inner.users.spawn_purger(every),
             inner.workloads.spawn_purger(every),
             inner.instance.spawn_purger(every),
+            inner.issuer.spawn_purger(every),
         ]
     }
 
@@ -397,6 +411,11 @@ impl Principals {
             config.max_concurrent_key_loads,
             config.key_load_wait,
         );
+        let issuer = crate::issuer::Issuer::new(
+            kube.clone(),
+            config.workload_audience.clone(),
+            clock.clone(),
+        );
         let users = credential_cache("user", Some(config.user_secret_ttl), &clock);
         let workloads = credential_cache("rpst", None, &clock);
         let instance = credential_cache("instance", None, &clock);
@@ -412,6 +431,7 @@ impl Principals {
                 kube,
                 users,
                 workloads,
+                issuer,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),
                 fetches: std::sync::Mutex::new(BTreeMap::new()),
@@ -419,9 +439,10 @@ impl Principals {
         })
     }
 
-    /// Establishes the identity of one mount before any OCI call: validates the mount's
-    /// own service-account token (workload), loads or renews what is needed (one exchange
-    /// per identity however many mounts ask at once), and says in which region it is.
+    /// Establishes the identity of one mount before any OCI call: proves the mount's own
+    /// service-account token (workload: its claims, and its signature against the
+    /// cluster's issuer keys), loads or renews what is needed (one exchange per identity
+    /// however many mounts ask at once), and says in which region it is.
     pub async fn establish(&self, request: &IdentityRequest) -> Result<Established, AuthError> {
         let deadline = request.deadline;
         let work = async {

@@ -14,6 +14,7 @@ use zeroize::Zeroizing;
 
 use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
+use crate::issuer::{NBF_LEEWAY, Refusal, Unverified};
 use crate::remote::{build, error_detail, opc_request_id, send};
 use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, Identity, jwt};
@@ -53,7 +54,7 @@ impl Session {
     }
 }
 
-/// What we read of a service-account token without verifying it.
+/// What we read of a service-account token's claims.
 #[derive(Clone)]
 pub(super) struct TokenInfo {
     exp: SystemTime,
@@ -61,8 +62,8 @@ pub(super) struct TokenInfo {
 }
 
 /// The local checks of spec 3.3 (three-part JWT, Base64url JSON, `exp` more than five
-/// minutes away), plus: the token belongs to this namespace and service account when it
-/// says so.
+/// minutes away), plus: not before its `nbf`, and the token belongs to this namespace and
+/// service account (and pod, when it names one). Its signature is not checked here.
 pub(super) fn check_token(
     token: &SecretString,
     namespace: &str,
@@ -70,15 +71,33 @@ pub(super) fn check_token(
     pod: Option<(&str, &str)>,
     now: SystemTime,
 ) -> Result<TokenInfo, AuthError> {
-    let invalid = |reason: &'static str| AuthError::InvalidServiceAccountToken {
+    read_token(token, namespace, service_account, pod, now)
+        .map_err(|refusal| invalid_token(namespace, service_account, refusal))
+}
+
+fn invalid_token(namespace: &str, service_account: &str, refusal: Refusal) -> AuthError {
+    AuthError::InvalidServiceAccountToken {
         namespace: namespace.to_owned(),
         service_account: service_account.to_owned(),
-        reason,
-    };
-    let claims = jwt::claims(token.expose_secret()).map_err(invalid)?;
-    let exp = jwt::exp(&claims).map_err(invalid)?;
+        reason: refusal.message(),
+    }
+}
+
+fn read_token(
+    token: &SecretString,
+    namespace: &str,
+    service_account: &str,
+    pod: Option<(&str, &str)>,
+    now: SystemTime,
+) -> Result<TokenInfo, Refusal> {
+    let claims = jwt::claims(token.expose_secret()).map_err(Refusal::Malformed)?;
+    let exp = jwt::exp(&claims).map_err(Refusal::Malformed)?;
     if !fresh(exp, now) {
-        return Err(invalid("it expires within five minutes or has expired"));
+        return Err(Refusal::Expired);
+    }
+    let nbf = jwt::nbf(&claims).map_err(Refusal::Malformed)?;
+    if nbf.is_some_and(|nbf| nbf > now + NBF_LEEWAY) {
+        return Err(Refusal::NotYetValid);
     }
     // Bound tokens (TokenRequest, the kubelet's projected tokens) carry the nested
     // `kubernetes.io` claims; a token without them (a legacy Secret-based token) cannot be
@@ -87,13 +106,13 @@ pub(super) fn check_token(
         jwt::string_at(&claims, &["kubernetes.io", "namespace"]),
         jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "name"]),
     ) else {
-        return Err(invalid(
+        return Err(Refusal::Claims(
             "it carries no kubernetes.io namespace and service-account claims (a legacy \
              Secret-based token?); workload identity needs a bound token",
         ));
     };
     if claimed_ns != namespace || claimed_sa != service_account {
-        return Err(invalid("it belongs to another service account"));
+        return Err(Refusal::Claims("it belongs to another service account"));
     }
     // A token bound to a pod must be bound to this one.
     if let Some((pod_name, pod_uid)) = pod {
@@ -101,17 +120,46 @@ pub(super) fn check_token(
         let claimed_uid = jwt::string_at(&claims, &["kubernetes.io", "pod", "uid"]);
         if claimed_name.is_some_and(|n| n != pod_name) || claimed_uid.is_some_and(|u| u != pod_uid)
         {
-            return Err(invalid("it is bound to another pod"));
+            return Err(Refusal::Claims("it is bound to another pod"));
         }
     }
     let uid = jwt::string_at(&claims, &["kubernetes.io", "serviceaccount", "uid"]);
     Ok(TokenInfo { exp, uid })
 }
 
+/// A token the mount supplied, proven before anything cached is served to it
+/// (ARCHITECTURE.md, invariant 12): its claims checked here, then its signature verified
+/// against the cluster's issuer keys. A refused token never reaches the cache, so it cannot
+/// evict a valid session.
+async fn prove_supplied(
+    inner: &Inner,
+    token: &SecretString,
+    (namespace, service_account): (&str, &str),
+    pod: Option<(&str, &str)>,
+    deadline: tokio::time::Instant,
+) -> Result<TokenInfo, AuthError> {
+    let info =
+        read_token(token, namespace, service_account, pod, inner.now()).map_err(|refusal| {
+            inner.issuer.count("refused", refusal.label());
+            invalid_token(namespace, service_account, refusal)
+        })?;
+    match inner.issuer.verify(token, deadline).await {
+        Ok(()) => Ok(info),
+        Err(Unverified::Refused(refusal)) => {
+            Err(invalid_token(namespace, service_account, refusal))
+        }
+        Err(Unverified::Unavailable(source)) => Err(AuthError::IssuerKeys {
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
+
 /// Where an establishment's service-account token comes from.
 #[derive(Clone)]
 enum Source {
-    /// The mount supplied it (checked).
+    /// The mount supplied it (proven: claims checked, signature verified).
     Supplied(SecretString, TokenInfo),
     /// The provider requests one bound to this pod.
     Request((String, String)),
@@ -127,7 +175,7 @@ pub(super) async fn establish(
     let pod = request
         .pod_to_bind()
         .map(|(n, u)| (n.to_owned(), u.to_owned()));
-    let source = token_source(inner, request, pod.as_ref())?;
+    let source = token_source(inner, request, pod.as_ref()).await?;
     let key = (namespace.to_owned(), service_account.to_owned());
     let matches = |session: &Session| match &source {
         // A token of a recreated service account (another uid) is another identity.
@@ -187,14 +235,14 @@ pub(super) async fn establish(
     })
 }
 
-/// Which service-account token the exchange uses: the mount's own (checked first,
+/// Which service-account token the exchange uses: the mount's own (proven first,
 /// whatever the cache holds), or one the provider requests bound to the pod.
-fn token_source(
+async fn token_source(
     inner: &Inner,
     request: &IdentityRequest,
     pod: Option<&(String, String)>,
 ) -> Result<Source, AuthError> {
-    // The mount's own token is checked first, whatever the cache holds: a mount whose
+    // The mount's own token is proven first, whatever the cache holds: a mount whose
     // token is invalid is refused even if its identity has a valid RPST.
     let (namespace, service_account) = (request.namespace()?, request.service_account()?);
     let token = request
@@ -202,13 +250,14 @@ fn token_source(
         .get(&inner.config.workload_audience);
     match (token, pod) {
         (Some(token), _) => {
-            let info = check_token(
+            let info = prove_supplied(
+                inner,
                 token,
-                namespace,
-                service_account,
+                (namespace, service_account),
                 request.pod(),
-                inner.now(),
-            )?;
+                request.deadline,
+            )
+            .await?;
             Ok(Source::Supplied(token.clone(), info))
         }
         // A token the provider requests is bound to the pod it mounts for; a mount for no
@@ -308,6 +357,8 @@ async fn renew(
                     .filter(|s| &s.identity == identity)
                     .unwrap_or_else(|| current.clone());
                 inner.counted("rpst", true, async move {
+                    // The token of the session was proven when it was established (or
+                    // came from a TokenRequest): its claims are read again for its expiry.
                     let (token, info) = if fresh(current.sa_exp, inner.now()) {
                         let info = check_token(
                             &current.sa_token,
@@ -349,6 +400,8 @@ async fn renew(
     Ok(session.key)
 }
 
+/// A token of the provider's own TokenRequest: proven by where it came from (the API
+/// server over TLS, answering the provider's credentials), so only its claims are read.
 async fn request_token(
     inner: &Inner,
     namespace: &str,

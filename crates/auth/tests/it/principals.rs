@@ -14,7 +14,10 @@ use oci_csi_auth::{
     Principals, PrincipalsConfig, PrivateKey, SigningLayer,
 };
 use secrecy::SecretString;
-use testkit::{Emulator, Endpoint, Fault, KubeSecretSeed, Principal, SecretSeed, Seed, UserSeed};
+use testkit::{
+    Emulator, Endpoint, Fault, KubeSecretSeed, Principal, SecretSeed, Seed, Signer, TokenSpec,
+    UserSeed,
+};
 use tower::{Layer as _, ServiceExt as _};
 use transport::{Deadline, HttpService, Transport, TransportConfig};
 
@@ -552,6 +555,48 @@ fn sa_token(fx: &Fixture, sa: &str, lifetime: Duration) -> String {
         .unwrap()
 }
 
+/// A token of `SA` bound to the mounts' pod, as `spec` changes it.
+fn minted(fx: &Fixture, spec: impl FnOnce(TokenSpec) -> TokenSpec) -> String {
+    fx.emu
+        .mint_service_account_token(&spec(TokenSpec::new(NS, SA).bound_to("pod", "pod-uid")))
+        .unwrap()
+}
+
+/// Token verifications so far with this result (`ok`, `refused`, `unavailable`).
+fn verifications(fx: &Fixture, result: &str) -> u64 {
+    verified(fx, result, None)
+}
+
+/// Token verifications so far with this result and, if given, this reason.
+fn verified(fx: &Fixture, result: &str, reason: Option<&str>) -> u64 {
+    fx.principals
+        .token_verifications()
+        .into_iter()
+        .filter(|((r, why), _)| *r == result && reason.is_none_or(|w| w == *why))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn workload_mount(token: &str) -> IdentityRequest {
+    with_token(request(PrincipalKind::Workload, SA), token.to_owned())
+}
+
+/// Establishes with `token`, expecting a refusal: its message, checked to hold no token.
+async fn refused(fx: &Fixture, token: &str) -> String {
+    let error = fx
+        .principals
+        .establish(&workload_mount(token))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    let message = error.to_string();
+    assert!(!message.contains(token), "token echoed: {message}");
+    for part in token.split('.') {
+        assert!(part.len() < 8 || !message.contains(part), "{message}");
+    }
+    message
+}
+
 #[tokio::test]
 async fn workload_identity_end_to_end_with_driver_token_and_with_token_request() {
     let fx = start(base_seed(), |_, _| {}).await;
@@ -725,6 +770,13 @@ async fn two_hundred_concurrent_mounts_of_one_identity_make_one_exchange() {
     }
     let stats = fx.emu.stats();
     assert_eq!(stats.proxymux_exchanges(NS, SA), 1);
+    // Every mount's token verified, against keys read once for all of them.
+    assert_eq!(
+        (stats.issuer_discovery_requests, stats.jwks_requests),
+        (1, 1)
+    );
+    assert_eq!(verifications(&fx, "refused"), 0);
+    assert_eq!(verifications(&fx, "ok"), 200);
     assert_eq!(stats.responses(Endpoint::Secrets, 200), 200);
     let recorded = fx.emu.secrets_calls();
     assert_eq!(recorded.len(), 200);
@@ -791,6 +843,8 @@ async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_reques
         assert_eq!(stats.proxymux_exchanges(NS, &format!("sa-{i}")), 1);
     }
     assert!(stats.total_token_requests() <= 20);
+    // Tokens of the provider's own TokenRequests are proven by where they came from.
+    assert_eq!(stats.jwks_requests, 0);
     eprintln!(
         "measured: {} exchanges, {} token requests for 100 mounts of 20 identities",
         stats.total_proxymux_exchanges(),
@@ -821,6 +875,388 @@ async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session
         "a new podKey"
     );
     assert_eq!(get_by_name(&fx, &again).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn an_unsigned_token_with_matching_claims_gets_no_warm_session_and_makes_no_exchange() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    fx.principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+    // The session of app/app-sa is warm; a token with its claims but no signature (the
+    // issuer's kid, `AAAA` as the signature) is refused, and nothing is exchanged.
+    let unsigned = minted(&fx, |t| t.signed_by(Signer::Unsigned));
+    assert!(unsigned.ends_with(".AAAA"));
+    let message = refused(&fx, &unsigned).await;
+    assert!(message.contains("signature does not verify"), "{message}");
+    // So is one whose header names no algorithm we verify.
+    let none = {
+        use base64::Engine as _;
+        let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let payload = unsigned.split('.').nth(1).unwrap();
+        format!("{}.{payload}.AAAA", b64(r#"{"alg":"none"}"#))
+    };
+    let message = refused(&fx, &none).await;
+    assert!(message.contains("algorithm (alg)"), "{message}");
+    let stats = fx.emu.stats();
+    assert_eq!(stats.proxymux_exchanges(NS, SA), 1);
+    assert_eq!(stats.arrived(Endpoint::Proxymux), 1);
+    assert_eq!(verified(&fx, "refused", Some("signature")), 1);
+    assert_eq!(verified(&fx, "refused", Some("algorithm")), 1);
+}
+
+#[tokio::test]
+async fn tokens_of_another_key_audience_issuer_or_time_are_refused_naming_the_check() {
+    let fx = start(base_seed(), |c, _| c.workload_audience = "oci".into()).await;
+    let for_oci = |t: TokenSpec| t.audiences(&["oci"]);
+    let now = fx.clock.now_for_test();
+    type Change = Box<dyn FnOnce(TokenSpec) -> TokenSpec>;
+    let cases: [(&str, Change, &str); 7] = [
+        (
+            "another key under the issuer's kid",
+            Box::new(move |t| for_oci(t).signed_by(Signer::OtherKeySameKid)),
+            "signature does not verify",
+        ),
+        (
+            "another key with its own kid",
+            Box::new(move |t| for_oci(t).signed_by(Signer::OtherKey)),
+            "names no key the cluster's service-account issuer publishes",
+        ),
+        (
+            "another audience",
+            Box::new(|t| t.audiences(&["https://kubernetes.default.svc.cluster.local"])),
+            "audience (aud) does not include the provider's",
+        ),
+        (
+            "another issuer",
+            Box::new(move |t| for_oci(t).issuer("https://kubernetes.default.svc")),
+            "issuer (iss) is not the cluster's",
+        ),
+        (
+            "expired",
+            Box::new(move |t| for_oci(t).issued_at(now - Duration::from_secs(7200))),
+            "expires within five minutes or has expired",
+        ),
+        (
+            "not valid yet",
+            Box::new(move |t| for_oci(t).issued_at(now + Duration::from_secs(600))),
+            "not valid yet",
+        ),
+        (
+            "no signature",
+            Box::new(move |t| for_oci(t).signed_by(Signer::Unsigned)),
+            "signature does not verify",
+        ),
+    ];
+    for (what, spec, expected) in cases {
+        let token = minted(&fx, spec);
+        let mut mount = request(PrincipalKind::Workload, SA);
+        mount
+            .service_account_tokens
+            .insert("oci".into(), SecretString::from(token.clone()));
+        let error = fx.principals.establish(&mount).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{what}: {error}");
+        let message = error.to_string();
+        assert!(message.contains(expected), "{what}: {message}");
+        assert!(!message.contains(&token), "{what}: token echoed");
+    }
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Proxymux), 0);
+    // The checks the metrics name: one refusal of each kind.
+    for reason in [
+        "signature",
+        "unknown_key",
+        "audience",
+        "issuer",
+        "expired",
+        "not_yet_valid",
+    ] {
+        assert!(
+            verified(&fx, "refused", Some(reason)) >= 1,
+            "{reason}: {:?}",
+            fx.principals.token_verifications()
+        );
+    }
+    // A genuine token for the audience is served.
+    let genuine = minted(&fx, for_oci);
+    let mut mount = request(PrincipalKind::Workload, SA);
+    mount
+        .service_account_tokens
+        .insert("oci".into(), SecretString::from(genuine));
+    let established = fx.principals.establish(&mount).await.unwrap();
+    assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn a_forged_token_with_another_uid_does_not_evict_the_valid_session() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let first = fx
+        .principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    // What a recreated service account's token would claim, signed by someone else.
+    for signer in [Signer::OtherKey, Signer::OtherKeySameKid, Signer::Unsigned] {
+        let forged = minted(&fx, |t| t.uid("forged-uid").signed_by(signer));
+        refused(&fx, &forged).await;
+    }
+    // The next genuine mount is served from the cache: no new exchange, the same key.
+    let next = fx
+        .principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+    assert_eq!(
+        next.session.key().key_id().expose_secret(),
+        first.session.key().key_id().expose_secret()
+    );
+    assert_eq!(get_by_name(&fx, &next).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn a_flood_of_one_forgery_makes_one_verification_and_one_read_of_the_keys() {
+    const FLOOD: usize = 200;
+    let fx = Arc::new(start(base_seed(), |_, _| {}).await);
+    let forged = minted(&fx, |t| t.signed_by(Signer::OtherKeySameKid));
+    let tasks: Vec<_> = (0..FLOOD)
+        .map(|_| {
+            let fx = fx.clone();
+            let forged = forged.clone();
+            tokio::spawn(async move { fx.principals.establish(&workload_mount(&forged)).await })
+        })
+        .collect();
+    for task in tasks {
+        let error = task.await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    }
+    // Later ones, one after another, are answered from the kept verdict.
+    for _ in 0..FLOOD {
+        refused(&fx, &forged).await;
+    }
+    let stats = fx.emu.stats();
+    assert_eq!(
+        (stats.issuer_discovery_requests, stats.jwks_requests),
+        (1, 1)
+    );
+    assert_eq!(stats.arrived(Endpoint::Proxymux), 0);
+    assert_eq!(verified(&fx, "refused", Some("signature")), 1);
+    assert_eq!(
+        verified(&fx, "refused", Some("cached")),
+        2 * FLOOD as u64 - 1
+    );
+    // The verdict is kept for a minute: then the forgery is checked once more, with the
+    // keys still cached.
+    fx.clock.advance(Duration::from_secs(61));
+    refused(&fx, &forged).await;
+    assert_eq!(verified(&fx, "refused", Some("signature")), 2);
+    assert_eq!(fx.emu.stats().jwks_requests, 1);
+}
+
+#[tokio::test]
+async fn an_unknown_key_id_reads_the_keys_again_at_most_once_per_cool_down() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    fx.principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    assert_eq!(fx.emu.stats().jwks_requests, 1);
+    // Distinct forgeries naming unknown key ids, within the cool-down: no read.
+    for _ in 0..3 {
+        let message = refused(&fx, &minted(&fx, |t| t.signed_by(Signer::OtherKey))).await;
+        assert!(message.contains("kid"), "{message}");
+    }
+    assert_eq!(fx.emu.stats().jwks_requests, 1);
+    // After it, one read for the next unknown key id, then none again.
+    fx.clock.advance(Duration::from_secs(31));
+    for _ in 0..3 {
+        refused(&fx, &minted(&fx, |t| t.signed_by(Signer::OtherKey))).await;
+    }
+    assert_eq!(fx.emu.stats().jwks_requests, 2);
+    // The issuer rotates its key just after that read: a genuine token of the new key is
+    // refused until the cool-down is over, then the keys are read again and it is served.
+    fx.emu.rotate_issuer_key().unwrap();
+    let rotated = sa_token(&fx, SA, Duration::from_secs(3600));
+    refused(&fx, &rotated).await;
+    assert_eq!(fx.emu.stats().jwks_requests, 2);
+    fx.clock.advance(Duration::from_secs(31));
+    fx.principals
+        .establish(&workload_mount(&rotated))
+        .await
+        .unwrap();
+    let stats = fx.emu.stats();
+    assert_eq!(stats.jwks_requests, 3);
+    assert_eq!(
+        stats.proxymux_exchanges(NS, SA),
+        1,
+        "the warm session served it"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_read_of_the_keys_keeps_the_keys_read_before() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    fx.principals
+        .establish(&workload_mount(&token))
+        .await
+        .unwrap();
+    fx.clock.advance(Duration::from_secs(31));
+    fx.emu.set_issuer_fault(Some(Fault::Status(503)));
+    // An unknown key id makes the keys be read again; the read fails; the keys stay, and
+    // the cool-down restarts.
+    let message = refused(&fx, &minted(&fx, |t| t.signed_by(Signer::OtherKey))).await;
+    assert!(message.contains("kid"), "{message}");
+    assert_eq!(fx.emu.stats().issuer_discovery_requests, 2);
+    refused(&fx, &minted(&fx, |t| t.signed_by(Signer::OtherKey))).await;
+    assert_eq!(fx.emu.stats().issuer_discovery_requests, 2);
+    fx.clock.advance(Duration::from_secs(61));
+    fx.principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    // Past their hour the keys are not served any more: the mount is not either.
+    fx.clock.advance(Duration::from_secs(3600));
+    let fresh = sa_token(&fx, SA, Duration::from_secs(3600));
+    let error = fx
+        .principals
+        .establish(&workload_mount(&fresh))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+}
+
+#[tokio::test]
+async fn when_the_issuer_keys_cannot_be_read_a_supplied_token_is_not_served() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    for (status, kind, grant) in [
+        (403, ErrorKind::PermissionDenied, true),
+        (404, ErrorKind::Unavailable, true),
+        (503, ErrorKind::Unavailable, false),
+    ] {
+        fx.emu.script_issuer([Fault::Status(status)]);
+        let token = sa_token(&fx, SA, Duration::from_secs(3600));
+        let error = fx
+            .principals
+            .establish(&workload_mount(&token))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), kind, "{status}: {error}");
+        let chain = format!(
+            "{error}: {}",
+            std::error::Error::source(&error)
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        );
+        assert!(
+            chain.contains("/.well-known/openid-configuration")
+                && chain.contains(&format!("http {status}")),
+            "{chain}"
+        );
+        assert_eq!(
+            chain.contains("system:service-account-issuer-discovery")
+                && chain.contains("nonResourceURLs"),
+            grant,
+            "{chain}"
+        );
+        assert!(!chain.contains(&token), "token echoed");
+    }
+    assert_eq!(fx.emu.stats().arrived(Endpoint::Proxymux), 0);
+    assert_eq!(verified(&fx, "unavailable", Some("issuer_keys")), 3);
+    // A TokenRequest's token needs no keys.
+    fx.emu.set_issuer_fault(Some(Fault::Status(403)));
+    fx.principals
+        .establish(&request(PrincipalKind::Workload, SA))
+        .await
+        .unwrap();
+    // With the keys readable, a supplied token is served (from the warm session).
+    fx.emu.set_issuer_fault(None);
+    fx.principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap();
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+
+    // The Kubernetes API down: Unavailable, naming it.
+    let port = closed_port();
+    let fx = start(base_seed(), |c, _| {
+        c.kubernetes_api = Some(format!("https://{port}"))
+    })
+    .await;
+    let error = fx
+        .principals
+        .establish(&workload_mount(&sa_token(
+            &fx,
+            SA,
+            Duration::from_secs(3600),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    let source = std::error::Error::source(&error).unwrap().to_string();
+    assert!(
+        source.contains("cannot reach the kubernetes api"),
+        "{source}"
+    );
+}
+
+#[tokio::test]
+async fn the_sync_controllers_tokens_are_verified_too() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let unbound = |signer| {
+        fx.emu
+            .mint_service_account_token(&TokenSpec::new(NS, SA).signed_by(signer))
+            .unwrap()
+    };
+    fx.principals
+        .establish(&with_token(
+            sync_request(PrincipalKind::Workload, SA),
+            unbound(Signer::Issuer),
+        ))
+        .await
+        .unwrap();
+    // The controller's service account is whoever writes the SecretSync: a forged token of
+    // the warm identity gets nothing.
+    for signer in [Signer::OtherKeySameKid, Signer::OtherKey, Signer::Unsigned] {
+        let forged = unbound(signer);
+        let error = fx
+            .principals
+            .establish(&with_token(
+                sync_request(PrincipalKind::Workload, SA),
+                forged.clone(),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+        assert!(!error.to_string().contains(&forged));
+    }
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+    assert_eq!(verified(&fx, "refused", None), 3);
 }
 
 trait NowForTest {

@@ -19,8 +19,8 @@ use clock::ManualClock;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use oci_csi_testkit::{
-    Emulator, EmulatorHandle, Endpoint, Fault, KubeSecretSeed, Principal, Revoke, SecretSeed, Seed,
-    UserSeed, api_key_fingerprint,
+    Emulator, EmulatorHandle, Endpoint, Fault, KubeSecretSeed, Principal, Revoke,
+    SERVICE_ACCOUNT_ISSUER, SecretSeed, Seed, Signer, TokenSpec, UserSeed, api_key_fingerprint,
 };
 
 use client::{Unsigned, colon_hex, connect, pem, pem_der, send, spki_der};
@@ -1211,4 +1211,206 @@ async fn inconsistent_seeds_are_rejected() {
         public_key_pem: "not a pem".into(),
     });
     assert!(Emulator::start(bad_key, clock).await.is_err());
+}
+
+// --- the service-account issuer -------------------------------------------------------------
+
+fn issuer_get(emu: &EmulatorHandle, path: &str, bearer: Option<&str>) -> Request<client::Body> {
+    let mut b = Request::builder()
+        .uri(path)
+        .header("host", emu.addr(Endpoint::Kube).to_string());
+    if let Some(t) = bearer {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    b.body(Full::new(Bytes::new())).unwrap()
+}
+
+fn jwt_header(jwt: &str) -> serde_json::Value {
+    let header = jwt.split('.').next().unwrap();
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header).unwrap()).unwrap()
+}
+
+/// Whether `jwt`'s RS256 signature verifies with the key the JWKS publishes under its kid.
+fn verifies_with(jwks: &serde_json::Value, jwt: &str) -> bool {
+    let kid = jwt_header(jwt)["kid"].as_str().unwrap().to_owned();
+    let Some(key) = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kid"] == kid.as_str())
+    else {
+        return false;
+    };
+    let part = |name: &str| URL_SAFE_NO_PAD.decode(key[name].as_str().unwrap()).unwrap();
+    let (input, signature) = jwt.rsplit_once('.').unwrap();
+    let Ok(signature) = URL_SAFE_NO_PAD.decode(signature) else {
+        return false;
+    };
+    aws_lc_rs::signature::RsaPublicKeyComponents {
+        n: part("n"),
+        e: part("e"),
+    }
+    .verify(
+        &aws_lc_rs::signature::RSA_PKCS1_2048_8192_SHA256,
+        input.as_bytes(),
+        &signature,
+    )
+    .is_ok()
+}
+
+async fn jwks_of(emu: &EmulatorHandle) -> serde_json::Value {
+    let r = send(
+        emu,
+        Endpoint::Kube,
+        issuer_get(emu, "/openid/v1/jwks", Some(emu.provider_token())),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    r.json()
+}
+
+#[tokio::test]
+async fn the_kube_endpoint_serves_the_issuer_and_the_keys_that_verify_its_tokens() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    // Like every Kubernetes call: the provider's bearer token is required.
+    for path in ["/.well-known/openid-configuration", "/openid/v1/jwks"] {
+        let r = send(&emu, Endpoint::Kube, issuer_get(&emu, path, None)).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let r = send(
+        &emu,
+        Endpoint::Kube,
+        issuer_get(
+            &emu,
+            "/.well-known/openid-configuration",
+            Some(emu.provider_token()),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let discovery = r.json();
+    // The issuer its tokens carry, which is not the URL the endpoint is served at.
+    assert_eq!(discovery["issuer"], SERVICE_ACCOUNT_ISSUER);
+    assert_ne!(discovery["issuer"], emu.url(Endpoint::Kube).as_str());
+    let jwks = jwks_of(&emu).await;
+    let token = emu
+        .issue_service_account_token("app", "app-sa", Duration::from_secs(900), None)
+        .unwrap();
+    assert_eq!(jwt_claims(&token)["iss"], SERVICE_ACCOUNT_ISSUER);
+    assert!(verifies_with(&jwks, &token));
+    let stats = emu.stats();
+    assert_eq!(
+        (stats.issuer_discovery_requests, stats.jwks_requests),
+        (2, 2)
+    );
+}
+
+#[tokio::test]
+async fn forged_tokens_are_minted_to_order_and_only_genuine_ones_pass_the_proxymux() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    let jwks = jwks_of(&emu).await;
+    let issuer_kid = jwks["keys"][0]["kid"].as_str().unwrap().to_owned();
+    let spec = || TokenSpec::new("app", "app-sa").bound_to("p", "u");
+    let genuine = emu.mint_service_account_token(&spec()).unwrap();
+    assert!(verifies_with(&jwks, &genuine));
+    let same_kid = emu
+        .mint_service_account_token(&spec().signed_by(Signer::OtherKeySameKid))
+        .unwrap();
+    assert_eq!(jwt_header(&same_kid)["kid"], issuer_kid.as_str());
+    assert!(!verifies_with(&jwks, &same_kid));
+    let other_kid = emu
+        .mint_service_account_token(&spec().signed_by(Signer::OtherKey))
+        .unwrap();
+    assert_ne!(jwt_header(&other_kid)["kid"], issuer_kid.as_str());
+    let unsigned = emu
+        .mint_service_account_token(&spec().signed_by(Signer::Unsigned))
+        .unwrap();
+    assert!(unsigned.ends_with(".AAAA") && !verifies_with(&jwks, &unsigned));
+    let audience = emu
+        .mint_service_account_token(&spec().audiences(&["other"]))
+        .unwrap();
+    assert_eq!(jwt_claims(&audience)["aud"], serde_json::json!(["other"]));
+    let issuer = emu
+        .mint_service_account_token(&spec().issuer("https://elsewhere"))
+        .unwrap();
+    assert_eq!(jwt_claims(&issuer)["iss"], "https://elsewhere");
+    let hour_ago = emu.now() - Duration::from_secs(7200);
+    let expired = emu
+        .mint_service_account_token(&spec().issued_at(hour_ago))
+        .unwrap();
+    assert!(verifies_with(&jwks, &expired));
+    let now = emu.now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    assert!(jwt_claims(&expired)["exp"].as_u64().unwrap() < now);
+    let uid = emu
+        .mint_service_account_token(&spec().signed_by(Signer::OtherKey).uid("another"))
+        .unwrap();
+    assert_eq!(
+        jwt_claims(&uid)["kubernetes.io"]["serviceaccount"]["uid"],
+        "another"
+    );
+    let session = RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
+    exchange(&emu, &genuine, &session).await;
+    for forged in [same_kid, other_kid, unsigned, expired, uid] {
+        let r = send(
+            &emu,
+            Endpoint::Proxymux,
+            proxymux_req(&emu, &forged, &pod_key_body(&session)),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    }
+}
+
+#[tokio::test]
+async fn issuer_faults_and_key_rotation_apply_to_the_issuer_documents_alone() {
+    let (emu, _c) = start_at(SystemTime::now()).await;
+    let before = emu
+        .issue_service_account_token("app", "app-sa", Duration::from_secs(900), None)
+        .unwrap();
+    emu.script_issuer([Fault::Status(403)]);
+    emu.set_issuer_fault(Some(Fault::Status(404)));
+    let r = send(
+        &emu,
+        Endpoint::Kube,
+        issuer_get(&emu, "/openid/v1/jwks", Some(emu.provider_token())),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let r = send(
+        &emu,
+        Endpoint::Kube,
+        issuer_get(
+            &emu,
+            "/.well-known/openid-configuration",
+            Some(emu.provider_token()),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // The rest of the Kubernetes API is untouched.
+    let r = send(
+        &emu,
+        Endpoint::Kube,
+        token_request(&emu, "app", "app-sa", Some(emu.provider_token())),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    emu.set_issuer_fault(None);
+    // A rotation: new tokens name the new key, and both keys are published.
+    emu.rotate_issuer_key().unwrap();
+    let after = emu
+        .issue_service_account_token("app", "app-sa", Duration::from_secs(900), None)
+        .unwrap();
+    assert_ne!(jwt_header(&before)["kid"], jwt_header(&after)["kid"]);
+    let jwks = jwks_of(&emu).await;
+    assert_eq!(jwks["keys"].as_array().unwrap().len(), 2);
+    assert!(verifies_with(&jwks, &before) && verifies_with(&jwks, &after));
+    let session = RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
+    exchange(&emu, &before, &session).await;
+    exchange(&emu, &after, &session).await;
+    let stats = emu.stats();
+    assert_eq!(
+        (stats.issuer_discovery_requests, stats.jwks_requests),
+        (1, 2)
+    );
 }
