@@ -1016,7 +1016,7 @@ async fn a_tenants_region_cannot_choose_where_the_provider_connects() {
     bait.set_nonblocking(true).unwrap();
     let port = bait.local_addr().unwrap().port();
     let config = format!(
-        "auth:\n  region: \"a@127.0.0.1:{port}\"\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: 00:00\n"
+        "auth:\n  region: \"a@127.0.0.1:{port}\"\n  tenancy: {TENANCY}\n  user: {USER}\n  fingerprint: 00:00:00:00:00:00:00:00:00:00:00:00:00:00:00:00\n"
     );
     let seed = seed(1).kube_secret(
         testkit::KubeSecretSeed::new(NAMESPACE, "evil-config")
@@ -1291,7 +1291,7 @@ async fn keys_extract_files_from_json_and_yaml_secrets() {
         ("- name: broken\n  keys:\n  - key: pw\n", "neither JSON"),
         (
             "- name: broken\n  format: json\n  keys:\n  - key: pw\n",
-            "JSON unexpected end at line 1",
+            "not valid JSON: unexpected end of input at line 1",
         ),
     ] {
         let status = client

@@ -59,7 +59,8 @@ pub(super) fn issuer(body: &[u8]) -> Result<String, String> {
     struct Discovery {
         issuer: String,
     }
-    let parsed: Discovery = serde_json::from_slice(body).map_err(position)?;
+    let parsed: Discovery = bounded::json::from_slice(body, &bounded::ParseBudget::new(body.len()))
+        .map_err(position)?;
     if parsed.issuer.is_empty() || parsed.issuer.len() > MAX_ISSUER_BYTES {
         return Err(format!(
             "its issuer is empty or longer than {MAX_ISSUER_BYTES} bytes"
@@ -92,7 +93,8 @@ struct Jwk {
 /// The RS256 and ES256 signing keys of a key set. Keys of other types, curves, sizes or
 /// uses are skipped; a set with none left, or with more than [`MAX_KEYS`], is an error.
 pub(super) fn keys(body: &[u8]) -> Result<Vec<Key>, String> {
-    let set: KeySet = serde_json::from_slice(body).map_err(position)?;
+    let set: KeySet = bounded::json::from_slice(body, &bounded::ParseBudget::new(body.len()))
+        .map_err(position)?;
     if set.keys.len() > MAX_KEYS {
         return Err(format!(
             "it lists {} keys, more than {MAX_KEYS}",
@@ -106,12 +108,11 @@ pub(super) fn keys(body: &[u8]) -> Result<Vec<Key>, String> {
     Ok(keys)
 }
 
-fn position(e: serde_json::Error) -> String {
-    format!(
-        "not the expected json at line {} column {}",
-        e.line(),
-        e.column()
-    )
+fn position(e: bounded::ParseError) -> String {
+    match e.position() {
+        Some((line, column)) => format!("not the expected json at line {line} column {column}"),
+        None => format!("not the expected json: {e}"),
+    }
 }
 
 /// One key, or `None` when this provider does not verify with it.
