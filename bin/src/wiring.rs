@@ -96,6 +96,8 @@ impl From<&ServerConfig> for csi_grpc::MountLimits {
         csi_grpc::MountLimits {
             max_in_flight: s.max_in_flight_mounts,
             max_in_flight_per_namespace: s.namespace_mounts(),
+            max_queued: s.queued_mounts(),
+            max_queued_per_namespace: s.namespace_queued_mounts(),
             default_deadline: Duration::from_secs(s.mount_timeout_seconds),
             max_deadline: Duration::from_secs(s.mount_timeout_seconds),
             ..csi_grpc::MountLimits::default()
@@ -239,15 +241,15 @@ pub(crate) fn build(
         retries: fetches.retries,
         otlp: traces.client.clone(),
     };
+    let limits = csi_grpc::MountLimits::from(&config.server);
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),
-        config.server.max_in_flight_mounts,
+        &limits,
         transport,
         fetches.budget,
         caches,
     ));
     // 6. The edge: the bounds of every mount, then the gRPC translation.
-    let limits = csi_grpc::MountLimits::from(&config.server);
     let edge = ServiceBuilder::new()
         .layer(AdmissionLayer::new(&limits).with_observer(metrics.clone()))
         .layer(DeadlineLayer)
