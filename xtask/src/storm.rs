@@ -1,9 +1,13 @@
 //! `cargo xtask storm`: a pod storm on one node, measured. The emulator and the provider run
-//! as processes; one mount warms the node (the identity's session, the connections, the
-//! bundle cache), then N mounts of one secret by one identity (workload identity, one
-//! namespace) are fired at once over one connection, as the driver does when a Deployment
-//! scales onto a fresh node, R times. Reports the mounts that succeeded, those that failed
-//! by gRPC code, and the latency.
+//! as processes; one mount warms the node (the identity's session, the connections), then N
+//! mounts of one secret by one identity (workload identity, one namespace) are fired at once
+//! over one connection, as the driver does when a Deployment scales onto the node, R times.
+//! Reports the mounts that succeeded, those that failed by gRPC code, and the latency.
+//!
+//! The bundle cache keeps nothing by default (`--ttl 0`): each storm's mounts join one fetch
+//! of the secret, as on a node that has not mounted it within the cache's TTL, so the
+//! storm's mounts are in flight together. With the cache warm a mount is answered in well
+//! under a millisecond and a storm of 64 rarely has many in flight at once.
 //!
 //! `--provider-bin` runs another build of the provider (an older release, for a "before"
 //! figure): only flags and settings every release accepts are passed to it.
@@ -24,9 +28,12 @@ use crate::soak::percentile;
 
 const HELP: &str =
     "usage: cargo xtask storm [--mounts N] [--rounds R] [--provider-bin PATH] [--debug]
+                         [--ttl SECONDS]
 
   --mounts N           mounts fired at once in each round (default 64)
   --rounds R           storms, one after the other (default 1)
+  --ttl SECONDS        cache.bundle_ttl_seconds of the provider (default 0: each storm's
+                       mounts join one fetch of the secret)
   --provider-bin PATH  the provider binary to run (default: this workspace's build); the
                        emulator is built from this workspace
   --debug              use debug builds (default: release)
@@ -38,6 +45,7 @@ struct Options {
     rounds: usize,
     provider_bin: Option<PathBuf>,
     release: bool,
+    ttl: usize,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -46,6 +54,7 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         rounds: 1,
         provider_bin: None,
         release: true,
+        ttl: 0,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -62,6 +71,7 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
                 o.provider_bin = Some(it.next().context("--provider-bin needs a path")?.into());
             }
             "--debug" => o.release = false,
+            "--ttl" => o.ttl = value("--ttl")?,
             "-h" | "--help" => {
                 eprint!("{HELP}");
                 return Ok(None);
@@ -133,14 +143,20 @@ async fn storm(emulator_dir: &Path, provider_bin: &Path, options: &Options) -> a
     let seed_path = dir.join("seed.toml");
     std::fs::write(&seed_path, seed())?;
     let emulator = Emulator::start(emulator_dir, &seed_path, &dir.join("emulator")).await?;
-    // The provider's defaults (64 slots, a share of 16 per namespace): only the log level.
-    let env = [("OCI_PROVIDER_LOG__LEVEL", "warn")];
+    // The provider's defaults (64 slots, a share of 16 per namespace) but for the log level
+    // and the cache's TTL, settings every release accepts.
+    let ttl = options.ttl.to_string();
+    let env = [
+        ("OCI_PROVIDER_LOG__LEVEL", "error"),
+        ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", ttl.as_str()),
+    ];
     let provider = Provider::start_binary(provider_bin, &emulator.config, &dir, &env).await?;
     println!(
         "storm: {} concurrent mounts of one secret by one identity (workload, one namespace), \
-         {} round(s), provider {}",
+         {} round(s), bundle cache TTL {} s, provider {}",
         options.mounts,
         options.rounds,
+        options.ttl,
         provider_bin.display()
     );
     let result = measure(&provider, options).await;
