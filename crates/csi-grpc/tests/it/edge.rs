@@ -119,7 +119,7 @@ async fn next(handle: &mut Handle) -> (String, mock::SendResponse<MountResponse>
 }
 
 #[tokio::test]
-async fn a_storm_of_64_mounts_of_one_namespace_all_succeed_none_shed() {
+async fn a_64_mount_storm_is_served_in_full() {
     // The defaults: 64 slots, a share of 16, 64 places to wait.
     let seen = Arc::new(Seen::default());
     let (mut service, mut handle) = admission(&MountLimits::default(), &seen);
