@@ -194,7 +194,7 @@ pub struct ServerConfig {
     pub pprof_address: std::net::IpAddr,
     /// Longest CPU profile `/debug/pprof/profile?seconds=N` takes.
     pub max_profile_seconds: u64,
-    /// Mounts served at once; beyond it, `ResourceExhausted`.
+    /// Mounts served at once (the node's slots); beyond it a mount waits for a slot.
     pub max_in_flight_mounts: usize,
     /// Upper bound of a mount's deadline in seconds (also the deadline when the driver
     /// sends none).
@@ -217,6 +217,12 @@ pub struct ServerConfig {
     /// Mounts of one namespace served at once; `None`: a quarter of
     /// `max_in_flight_mounts` (at least 1).
     pub max_in_flight_per_namespace: Option<usize>,
+    /// Mounts waiting for a slot at once (every slot taken, or their namespace past its
+    /// share), until a slot frees or their deadline passes; beyond it a mount is
+    /// `ResourceExhausted`. `None`: `max_in_flight_mounts`; 0: no mount waits.
+    pub max_queued_mounts: Option<usize>,
+    /// Mounts of one namespace waiting at once; `None`: `max_queued_mounts`.
+    pub max_queued_mounts_per_namespace: Option<usize>,
     /// Entries a SecretProviderClass's `secrets` list may have.
     pub max_secrets_per_mount: usize,
     /// Files one mount may write, counting every file: entries, `keys` items and
@@ -239,6 +245,18 @@ impl ServerConfig {
     pub fn namespace_mounts(&self) -> usize {
         self.max_in_flight_per_namespace
             .unwrap_or((self.max_in_flight_mounts / 4).max(1))
+    }
+
+    /// `max_queued_mounts`, resolved: by default a storm of one namespace as large as the
+    /// slots is served in full (all but a share at once, the rest as slots free up).
+    pub fn queued_mounts(&self) -> usize {
+        self.max_queued_mounts.unwrap_or(self.max_in_flight_mounts)
+    }
+
+    /// `max_queued_mounts_per_namespace`, resolved.
+    pub fn namespace_queued_mounts(&self) -> usize {
+        self.max_queued_mounts_per_namespace
+            .unwrap_or_else(|| self.queued_mounts())
     }
 }
 
@@ -264,6 +282,8 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 32 * 1024 * 1024,
             max_in_flight_bytes_per_namespace: None,
             max_in_flight_per_namespace: None,
+            max_queued_mounts: None,
+            max_queued_mounts_per_namespace: None,
             max_secrets_per_mount: 256,
             max_files_per_mount: 256,
             allowed_peer_uids: vec![0],
@@ -483,8 +503,8 @@ impl Config {
         Ok(())
     }
 
-    /// The byte and mount budgets hold at least one fetch, and a namespace's share fits
-    /// in the node's.
+    /// The byte and mount budgets hold at least one fetch, and a namespace's share (of
+    /// the bytes, the slots and the places to wait) fits in the node's.
     fn validate_budgets(&self) -> Result<(), ConfigError> {
         if self.server.max_in_flight_bytes < self.upstream.max_bundle_bytes {
             return Err(ConfigError(format!(
@@ -507,6 +527,14 @@ impl Config {
                  server.max_in_flight_mounts ({})",
                 self.server.namespace_mounts(),
                 self.server.max_in_flight_mounts
+            )));
+        }
+        if self.server.namespace_queued_mounts() > self.server.queued_mounts() {
+            return Err(ConfigError(format!(
+                "server.max_queued_mounts_per_namespace ({}) must be at most \
+                 server.max_queued_mounts ({})",
+                self.server.namespace_queued_mounts(),
+                self.server.queued_mounts()
             )));
         }
         if self.cache.bundle_max_bytes < self.upstream.max_bundle_bytes as u64 {
@@ -776,6 +804,7 @@ mod tests {
             ("OCI_PROVIDER_AUTH__ALLOWED_REGIONS", "[iad, us-phoenix-1]"),
             ("OCI_PROVIDER_SERVER__MAX_FILES_PER_MOUNT", "64"),
             ("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_PER_NAMESPACE", "8"),
+            ("OCI_PROVIDER_SERVER__MAX_QUEUED_MOUNTS_PER_NAMESPACE", "0"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -789,9 +818,18 @@ mod tests {
         assert_eq!(config.auth.allowed_regions, ["iad", "us-phoenix-1"]);
         assert_eq!(config.server.max_files_per_mount, 64);
         assert_eq!(config.server.namespace_mounts(), 8);
-        // Defaults: a quarter of the slots and of the bytes.
+        assert_eq!(config.server.namespace_queued_mounts(), 0);
+        // Defaults: a quarter of the slots and of the bytes; as many places to wait as
+        // slots, for the node and for one namespace.
         let config = Config::load(&flags, &BTreeMap::new()).unwrap();
         assert_eq!(config.server.namespace_mounts(), 16);
+        assert_eq!(
+            (
+                config.server.queued_mounts(),
+                config.server.namespace_queued_mounts()
+            ),
+            (64, 64)
+        );
         assert_eq!(config.server.namespace_bytes(256 * 1024), 8 << 20);
         let vars: BTreeMap<String, String> = [(
             "OCI_PROVIDER_AUTH__ALLOWED_TYPES".to_owned(),
@@ -1000,6 +1038,12 @@ mod tests {
                 vec![("OCI_PROVIDER_SERVER__MAX_PROFILE_SECONDS", "0")],
                 None,
                 vec!["server.max_profile_seconds 0"],
+            ),
+            (
+                vec![],
+                vec![],
+                Some("[server]\nmax_queued_mounts = 8\nmax_queued_mounts_per_namespace = 9\n"),
+                vec!["server.max_queued_mounts_per_namespace (9)", "at most"],
             ),
         ];
         for (args, vars, file, fragments) in cases {

@@ -144,6 +144,7 @@ impl Debug {
             "uptime_seconds": self.started.elapsed().as_secs(),
             "tasks_alive": tasks_alive,
             "mounts_in_flight": sources.in_flight.get(),
+            "mounts_queued": sources.queued.get(),
             "in_flight_bytes": sources.budget.used(),
             "upstream_connections": upstream,
             "bundle_cache": cache(sources.bundles.stats()),

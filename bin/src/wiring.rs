@@ -5,7 +5,7 @@
 //! - the fetch stacks over the signed `VaultClient`: `RetryLayer`, then for secrets
 //!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`;
 //! - `OciMount` (parameters, identity, fan-out of the entries, files);
-//! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `InFlightLimitLayer`, then the gRPC
+//! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `AdmissionLayer`, then the gRPC
 //!   service (`CsiProvider`: translation, response checks, the mount span and metrics).
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheLayer, CacheService};
 use clock::SharedClock;
 use csi_grpc::{
-    CatchPanic, CatchPanicLayer, DeadlineLayer, InFlightLimit, InFlightLimitLayer, WithinDeadline,
+    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, WithinDeadline,
 };
 use provider::{
     Budget, BudgetLayer, ByteBudget, EndpointOverrides, Endpoints, Failover, FailoverLayer,
@@ -50,7 +50,7 @@ pub(crate) type Certificates = Budget<Retry<Client>>;
 pub(crate) type Mount = OciMount<Principals, Secrets, Certificates>;
 
 /// What the gRPC server calls: the mount service under the edge's layers.
-pub(crate) type Edge = InFlightLimit<WithinDeadline<CatchPanic<Mount>>>;
+pub(crate) type Edge = Admission<WithinDeadline<CatchPanic<Mount>>>;
 
 /// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
 /// which this module binds to the transport.
@@ -96,6 +96,8 @@ impl From<&ServerConfig> for csi_grpc::MountLimits {
         csi_grpc::MountLimits {
             max_in_flight: s.max_in_flight_mounts,
             max_in_flight_per_namespace: s.namespace_mounts(),
+            max_queued: s.queued_mounts(),
+            max_queued_per_namespace: s.namespace_queued_mounts(),
             default_deadline: Duration::from_secs(s.mount_timeout_seconds),
             max_deadline: Duration::from_secs(s.mount_timeout_seconds),
             ..csi_grpc::MountLimits::default()
@@ -239,17 +241,17 @@ pub(crate) fn build(
         retries: fetches.retries,
         otlp: traces.client.clone(),
     };
+    let limits = csi_grpc::MountLimits::from(&config.server);
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),
-        config.server.max_in_flight_mounts,
+        &limits,
         transport,
         fetches.budget,
         caches,
     ));
     // 6. The edge: the bounds of every mount, then the gRPC translation.
-    let limits = csi_grpc::MountLimits::from(&config.server);
     let edge = ServiceBuilder::new()
-        .layer(InFlightLimitLayer::new(&limits).with_observer(metrics.clone()))
+        .layer(AdmissionLayer::new(&limits).with_observer(metrics.clone()))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)
         .service(mount);

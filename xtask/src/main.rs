@@ -13,6 +13,7 @@ mod release;
 #[cfg(test)]
 mod sizes;
 mod soak;
+mod storm;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,10 @@ commands:
   soak [options]     benchmark: many mounts through the socket against the emulator
                      (its own process), reporting mounts/s, latency, RSS slope, connections
                      and upstream requests per mount; `cargo xtask soak --help`
+  storm [--mounts N] [--rounds R] [--provider-bin PATH] [--debug]
+                     a pod storm on a warm node: N mounts (64) of one secret by one identity
+                     fired at once through the socket, R times; succeeded, failed by gRPC
+                     code, latency p50/p99/max; --provider-bin runs another build (before/after)
   compat [options]   the real grpc-go client against the provider and the emulator, dialled
                      as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
         Some("soak") => soak::run(rest),
+        Some("storm") => storm::run(rest),
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),
         Some("check-deps") => deps::check(rest),

@@ -21,19 +21,35 @@ pub(crate) fn build(release: bool) -> anyhow::Result<PathBuf> {
 
 /// [`build`] with cargo features of the provider (`jemalloc`).
 pub(crate) fn build_with(release: bool, features: &[&str]) -> anyhow::Result<PathBuf> {
+    cargo_build(
+        release,
+        &[
+            "--bin",
+            PROVIDER_BIN,
+            "--bin",
+            "oci-emulator",
+            "-p",
+            "oci-secrets-store-csi-driver-provider",
+            "-p",
+            "oci-csi-testkit",
+        ],
+        features,
+    )
+}
+
+/// Builds the emulator alone (the provider is given); returns the directory of the binary.
+pub(crate) fn build_emulator(release: bool) -> anyhow::Result<PathBuf> {
+    cargo_build(
+        release,
+        &["--bin", "oci-emulator", "-p", "oci-csi-testkit"],
+        &[],
+    )
+}
+
+fn cargo_build(release: bool, what: &[&str], features: &[&str]) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut command = std::process::Command::new(cargo);
-    command.current_dir(root()).args([
-        "build",
-        "--bin",
-        "oci-secrets-store-csi-driver-provider",
-        "--bin",
-        "oci-emulator",
-        "-p",
-        "oci-secrets-store-csi-driver-provider",
-        "-p",
-        "oci-csi-testkit",
-    ]);
+    command.current_dir(root()).arg("build").args(what);
     if release {
         command.arg("--release");
     }
@@ -107,6 +123,9 @@ impl Emulator {
     }
 }
 
+/// The provider binary's name in a build's directory.
+pub(crate) const PROVIDER_BIN: &str = "oci-secrets-store-csi-driver-provider";
+
 /// The provider binary, running as the DaemonSet would.
 pub(crate) struct Provider {
     child: Child,
@@ -115,15 +134,27 @@ pub(crate) struct Provider {
 }
 
 impl Provider {
+    /// The provider of the build in `bin`.
     pub(crate) async fn start(
         bin: &Path,
         config: &Path,
         dir: &Path,
         extra_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        Self::start_binary(&bin.join(PROVIDER_BIN), config, dir, extra_env).await
+    }
+
+    /// The provider `binary` (any build, an older one too: only flags and settings every
+    /// release accepts are used), with the emulator's `config`, its socket in `dir`.
+    pub(crate) async fn start_binary(
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let socket = dir.join("oci.sock");
         let (healthz_port, metrics_port) = (free_port()?, free_port()?);
-        let mut child = Command::new(bin.join("oci-secrets-store-csi-driver-provider"))
+        let mut child = Command::new(binary)
             .arg("--config")
             .arg(config)
             .arg(format!("--endpoint=unix://{}", socket.display()))
@@ -138,7 +169,7 @@ impl Provider {
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start the provider")?;
+            .with_context(|| format!("cannot start the provider {}", binary.display()))?;
         wait_until(Duration::from_secs(30), "the provider is ready", || {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(anyhow::anyhow!("the provider exited: {status}"));

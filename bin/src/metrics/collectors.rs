@@ -111,8 +111,9 @@ impl Collector for BudgetCollector {
         }
         let mut family = encoder.encode_descriptor(
             "mounts_shed",
-            "Mounts refused to protect the node, by reason: in_flight \
-             (server.max_in_flight_mounts), byte_budget (server.max_in_flight_bytes)",
+            "Mounts refused to protect the node, by reason: in_flight (no slot of \
+             server.max_in_flight_mounts for it and its queue full: server.max_queued_mounts \
+             or server.max_queued_mounts_per_namespace), byte_budget (server.max_in_flight_bytes)",
             None,
             MetricType::Counter,
         )?;

@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use csi_grpc::{ErrorKind, MountObserver};
+use csi_grpc::{ErrorKind, MountLimits, MountObserver, WaitOutcome};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -22,6 +22,15 @@ use collectors::*;
 pub(crate) use upstream::{HostClasses, UpstreamTimings};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    /// How a wait for a slot ended: `admitted`, `deadline_exceeded`, `cancelled`.
+    outcome: &'static str,
+}
+
+/// How long mounts waited for a slot, by how the wait ended.
+type Waits = Family<OutcomeLabel, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabel {
     version: &'static str,
     /// `"true"` in the `fips` build (AWS-LC's FIPS module).
@@ -35,6 +44,8 @@ pub(crate) struct Metrics {
     mounts: Family<CodeLabel, Counter>,
     duration: Histogram,
     in_flight: Gauge,
+    queued: Gauge,
+    waits: Waits,
     alive_tasks: Gauge,
     ready: Gauge,
     shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -51,6 +62,7 @@ pub(crate) struct StatsSources {
     pub(crate) principals: auth::Principals,
     pub(crate) budget: provider::ByteBudget,
     pub(crate) in_flight: Gauge,
+    pub(crate) queued: Gauge,
 }
 
 /// What `/metrics` reads at scrape time beyond its own counters: the caches (secret bundles,
@@ -74,20 +86,29 @@ pub(crate) struct ScrapeSources {
     pub(crate) otlp: crate::otel::OtlpClient,
 }
 
-/// The gauges set once (the build, the in-flight limit) and the readiness gauge, which
-/// is answered.
+/// The gauges set once (the build, the in-flight and queue limits) and the readiness
+/// gauge, which is answered.
 fn register_constants(
     registry: &mut Registry,
     version: &'static str,
-    max_in_flight_mounts: usize,
+    limits: &MountLimits,
 ) -> Gauge {
-    let limit = Gauge::<i64>::default();
-    limit.set(i64::try_from(max_in_flight_mounts).unwrap_or(i64::MAX));
-    registry.register(
-        "mounts_in_flight_limit",
-        "server.max_in_flight_mounts: mounts past it are shed",
-        limit,
-    );
+    for (name, help, value) in [
+        (
+            "mounts_in_flight_limit",
+            "server.max_in_flight_mounts: mounts past it wait for a slot",
+            limits.max_in_flight,
+        ),
+        (
+            "mounts_queued_limit",
+            "server.max_queued_mounts: mounts past it are shed",
+            limits.max_queued,
+        ),
+    ] {
+        let limit = Gauge::<i64>::default();
+        limit.set(i64::try_from(value).unwrap_or(i64::MAX));
+        registry.register(name, help, limit);
+    }
     let ready = Gauge::default();
     registry.register(
         "ready",
@@ -110,10 +131,34 @@ fn register_constants(
     ready
 }
 
+/// The mounts waiting for a slot now, and how long each wait took by how it ended.
+fn register_queue(registry: &mut Registry) -> (Gauge, Waits) {
+    let queued = Gauge::default();
+    registry.register(
+        "mounts_queued",
+        "Mounts waiting for a slot now: every slot taken (server.max_in_flight_mounts), or \
+         their namespace past its share (server.max_in_flight_per_namespace)",
+        queued.clone(),
+    );
+    fn buckets() -> Histogram {
+        Histogram::new([
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ])
+    }
+    let waits: Waits = Family::new_with_constructor(buckets);
+    registry.register(
+        "mount_queue_wait_seconds",
+        "Time mounts waited for a slot, by how the wait ended: admitted, deadline_exceeded \
+         (answered DeadlineExceeded), cancelled (the caller went away)",
+        waits.clone(),
+    );
+    (queued, waits)
+}
+
 impl Metrics {
     pub(crate) fn new(
         version: &'static str,
-        max_in_flight_mounts: usize,
+        limits: &MountLimits,
         transport: transport::Transport,
         budget: provider::ByteBudget,
         caches: ScrapeSources,
@@ -133,14 +178,20 @@ impl Metrics {
             "Time to answer a mount",
             duration.clone(),
         );
-        registry.register("mounts_in_flight", "Mounts being served", in_flight.clone());
-        let ready = register_constants(registry, version, max_in_flight_mounts);
+        registry.register(
+            "mounts_in_flight",
+            "Mounts being served (received, not waiting for a slot, not yet answered)",
+            in_flight.clone(),
+        );
+        let (queued, waits) = register_queue(registry);
+        let ready = register_constants(registry, version, limits);
         let sources = StatsSources {
             transport: transport.clone(),
             bundles: caches.bundles.clone(),
             principals: caches.principals.clone(),
             budget: budget.clone(),
             in_flight: in_flight.clone(),
+            queued: queued.clone(),
         };
         registry.register_collector(Box::new(UpstreamCollector(transport)));
         let shed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -166,6 +217,8 @@ impl Metrics {
             mounts,
             duration,
             in_flight,
+            queued,
+            waits,
         }
     }
 
@@ -200,6 +253,23 @@ impl MountObserver for Metrics {
 
     fn mount_started(&self) {
         self.in_flight.inc();
+    }
+
+    // A waiting mount counts as queued, not in flight: it is back in flight (until it is
+    // answered, admitted or not) when its wait ends.
+    fn mount_queued(&self) {
+        self.in_flight.dec();
+        self.queued.inc();
+    }
+
+    fn mount_dequeued(&self, outcome: WaitOutcome, waited: Duration) {
+        self.queued.dec();
+        self.in_flight.inc();
+        self.waits
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            })
+            .observe(waited.as_secs_f64());
     }
 
     fn mount_finished(&self, outcome: Result<(), ErrorKind>, elapsed: Duration) {

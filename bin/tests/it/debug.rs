@@ -44,6 +44,7 @@ async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles()
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(stats["tasks_alive"].as_u64().unwrap() > 0, "{stats}");
     assert_eq!(stats["mounts_in_flight"], 0, "{stats}");
+    assert_eq!(stats["mounts_queued"], 0, "{stats}");
     assert!(stats["upstream_connections"].is_object(), "{stats}");
     assert_eq!(stats["bundle_cache"]["entries"], 0, "{stats}");
     for kind in ["user", "rpst", "instance"] {

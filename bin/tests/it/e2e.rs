@@ -14,6 +14,7 @@ use tonic::Code;
 
 use crate::process::{Output, Provider};
 
+mod admission;
 mod prometheus;
 
 const NAMESPACE: &str = "storm";
@@ -215,6 +216,23 @@ fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The metrics once `name` reads `value`: `/metrics` renders at most once a second, so a
+/// scrape right after a mount may predate it.
+async fn metrics_when(provider: &Provider, name: &str, value: f64) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let metrics = provider.metrics().await;
+        if metric(&metrics, name) == value {
+            return metrics;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} reaches {value}: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn open_on_emulator(emu: &Emulator) -> u64 {
     let stats = emu.stats();
     [
@@ -303,7 +321,7 @@ async fn a_storm_of_2000_workload_mounts_stays_within_the_connection_bound() {
         &[
             ("OCI_PROVIDER_UPSTREAM__IDLE_TIMEOUT_SECONDS", "6"),
             // One namespace drives all 64 slots here: this test is about connections, and
-            // the namespace share would refuse (and the driver retry) the last 16.
+            // the namespace share would hold the last 16 back until slots free up.
             ("OCI_PROVIDER_SERVER__MAX_IN_FLIGHT_PER_NAMESPACE", "64"),
             NO_CACHE,
         ],
@@ -1577,7 +1595,8 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
         .mount(request("workload", "sa-0", 2, "- name: nope\n"))
         .await
         .unwrap_err();
-    // One mount held at the emulator; a second one at once is shed.
+    // One mount held at the emulator takes the one slot; a second waits in the one place
+    // to wait, and a third is shed at once.
     emu.close_gate(Endpoint::Secrets);
     let held = tokio::spawn({
         let mut client = client.clone();
@@ -1595,24 +1614,47 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let waiting = tokio::spawn({
+        let mut client = client.clone();
+        async move {
+            client
+                .mount(request("workload", "sa-0", 4, "- name: db-password\n"))
+                .await
+        }
+    });
+    while metric(&provider.metrics().await, "oci_provider_mounts_queued") != 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second mount waits"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let shed = client
         .clone()
-        .mount(request("workload", "sa-0", 4, "- name: db-password\n"))
+        .mount(request("workload", "sa-0", 5, "- name: db-password\n"))
         .await
         .unwrap_err();
     assert_eq!(shed.code(), Code::ResourceExhausted);
+    assert!(
+        shed.message().contains("server.max_queued_mounts: 1"),
+        "{shed:?}"
+    );
     emu.open_gate(Endpoint::Secrets);
     held.await.unwrap().unwrap();
-    let metrics = provider.metrics().await;
+    waiting.await.unwrap().unwrap();
+    // Five mounts answered: the retried one, the not-found, the held, the waiting and the
+    // shed one.
+    let metrics = metrics_when(&provider, "oci_provider_mounts_total", 5.0).await;
     let count = |labels: &str| {
         metric(
             &metrics,
             &format!("oci_provider_upstream_request_duration_seconds_count{{{labels}}}"),
         )
     };
+    // The first mount's retried fetch, the held one's, and the waiting one's after it.
     assert_eq!(
         count("host_class=\"secrets\",status_class=\"2xx\""),
-        2.0,
+        3.0,
         "{metrics}"
     );
     assert_eq!(count("host_class=\"secrets\",status_class=\"4xx\""), 1.0);
@@ -1657,6 +1699,14 @@ async fn a_scrape_shows_upstream_timings_sheds_and_process_metrics() {
         "{metrics}"
     );
     assert_eq!(metric(&metrics, "oci_provider_mounts_in_flight_limit"), 1.0);
+    assert_eq!(metric(&metrics, "oci_provider_mounts_queued_limit"), 1.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_mount_queue_wait_seconds_count{outcome=\"admitted\"}"
+        ),
+        1.0
+    );
     assert!(provider.terminate().await.status.success());
 }
 

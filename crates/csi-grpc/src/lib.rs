@@ -11,8 +11,9 @@
 //! - validation of what the inner service answers ([`MountResponse`]): file paths that the
 //!   driver would accept, at least one object version, a bounded size;
 //! - mapping of a typed [`MountError`] to a gRPC status with a specific message;
-//! - the bounds of every mount as layers around the inner service: mounts in flight with a
-//!   share per namespace ([`InFlightLimitLayer`]), the deadline ([`DeadlineLayer`]), panic
+//! - the bounds of every mount as layers around the inner service: the node's slots for
+//!   mounts, a share per namespace and bounded queues served in turn ([`AdmissionLayer`]),
+//!   the deadline ([`DeadlineLayer`]), panic
 //!   containment ([`CatchPanicLayer`]);
 //! - the socket's life cycle ([`Listener`], [`serve`]).
 //!
@@ -44,7 +45,7 @@ pub mod proto {
 }
 
 pub use edge::{
-    CatchPanic, CatchPanicLayer, DeadlineLayer, InFlightLimit, InFlightLimitLayer, WithinDeadline,
+    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, WithinDeadline,
 };
 pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};
@@ -56,7 +57,8 @@ pub use request::{
 };
 pub use response::{File, FileContents, MountResponse};
 pub use server::{
-    CsiProvider, MountLimits, MountObserver, MountService, ServeError, ServerInfo, serve,
+    CsiProvider, MountLimits, MountObserver, MountService, ServeError, ServerInfo, WaitOutcome,
+    serve,
 };
 
 /// The only API version of the provider contract.

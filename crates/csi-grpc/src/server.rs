@@ -58,14 +58,21 @@ pub struct ServerInfo {
 /// Bounds applied to every mount.
 #[derive(Clone, Debug)]
 pub struct MountLimits {
-    /// Mounts served at once; beyond it a mount is refused with `ResourceExhausted` so the
-    /// driver retries later instead of the node falling over.
+    /// Mounts served at once (the node's slots); beyond it a mount waits for a slot, so
+    /// that a pod storm does not take the node over.
     pub max_in_flight: usize,
     /// Mounts of one namespace served at once while the other namespaces may need the
     /// slots: past it, a namespace takes a slot only while this many stay free, so one
     /// tenant whose mounts stall (an unreachable region, a slow key) never holds the
     /// slots every other namespace needs.
     pub max_in_flight_per_namespace: usize,
+    /// Mounts waiting for a slot on the node at once (each holds its decoded request);
+    /// beyond it a mount is refused with `ResourceExhausted` and the driver retries. 0:
+    /// no mount waits.
+    pub max_queued: usize,
+    /// Mounts of one namespace waiting for a slot at once; beyond it the namespace's
+    /// mounts are refused with `ResourceExhausted`.
+    pub max_queued_per_namespace: usize,
     /// Deadline when the driver sends no `grpc-timeout`.
     pub default_deadline: Duration,
     /// Upper bound of any deadline.
@@ -79,6 +86,10 @@ impl Default for MountLimits {
         Self {
             max_in_flight: 64,
             max_in_flight_per_namespace: 16,
+            // A storm of one namespace as large as the node's slots is served in full: 48
+            // at once (all but a share), the other 16 as slots free up.
+            max_queued: 64,
+            max_queued_per_namespace: 64,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(60),
             max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,
@@ -92,27 +103,56 @@ pub trait MountObserver: Send + Sync + std::fmt::Debug + 'static {
     fn mount_started(&self);
     /// A mount finished: `Ok` or the kind of its error, and how long it took.
     fn mount_finished(&self, outcome: Result<(), ErrorKind>, elapsed: Duration);
-    /// A mount was refused because `MountLimits::max_in_flight` mounts were in flight
-    /// (it is also reported as finished with ResourceExhausted).
+    /// A mount was refused because it could not take a slot and its queue was full
+    /// (`MountLimits::max_queued`, `max_queued_per_namespace`); it is also reported as
+    /// finished with ResourceExhausted.
     fn mount_shed(&self) {}
+    /// A mount started waiting for a slot.
+    fn mount_queued(&self) {}
+    /// A mount stopped waiting for a slot, after `waited`: admitted, or not.
+    fn mount_dequeued(&self, outcome: WaitOutcome, waited: Duration) {
+        let _ = (outcome, waited);
+    }
+}
+
+/// How a mount's wait for a slot ended ([`MountObserver::mount_dequeued`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitOutcome {
+    /// It took a slot.
+    Admitted,
+    /// Its deadline passed first (answered DeadlineExceeded).
+    DeadlineExceeded,
+    /// Its caller went away first.
+    Cancelled,
+}
+
+impl WaitOutcome {
+    /// `admitted`, `deadline_exceeded`, `cancelled`: for metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// The `CSIDriverProvider` gRPC service around an inner mount service `S`: the wire
 /// request translated into a [`MountRequest`] with its [`crate::Deadline`], the answer
 /// checked (paths the driver accepts, object versions, size) and encoded, every mount in a
 /// span and told to the observer. The bounds of a mount are layers of `S`
-/// ([`crate::InFlightLimitLayer`], [`crate::DeadlineLayer`], [`crate::CatchPanicLayer`]).
+/// ([`crate::AdmissionLayer`], [`crate::DeadlineLayer`], [`crate::CatchPanicLayer`]).
 ///
 /// ```no_run
 /// use secrets_store_csi_grpc::{
-///     CatchPanicLayer, CsiProvider, DeadlineLayer, InFlightLimitLayer, MountLimits, MountService,
+///     AdmissionLayer, CatchPanicLayer, CsiProvider, DeadlineLayer, MountLimits, MountService,
 ///     ServerInfo,
 /// };
 ///
 /// fn provider<S: MountService>(mount: S, info: ServerInfo) -> CsiProvider<impl MountService> {
 ///     let limits = MountLimits::default();
 ///     let edge = tower::ServiceBuilder::new()
-///         .layer(InFlightLimitLayer::new(&limits))
+///         .layer(AdmissionLayer::new(&limits))
 ///         .layer(DeadlineLayer)
 ///         .layer(CatchPanicLayer)
 ///         .service(mount);
@@ -129,7 +169,7 @@ pub struct CsiProvider<S> {
 
 impl<S> CsiProvider<S> {
     /// Serves `inner` with `info` for `Version`, and the deadlines and response size of
-    /// `limits` for every mount (its in-flight bounds are [`crate::InFlightLimitLayer`]'s).
+    /// `limits` for every mount (its slots and queues are [`crate::AdmissionLayer`]'s).
     pub fn new(inner: S, info: ServerInfo, limits: MountLimits) -> Self {
         Self {
             inner,

@@ -1,13 +1,15 @@
 //! Each edge layer alone, over a `tower_test` mock of the mount service (the server tests
-//! in `mount.rs` run them together over a real socket).
+//! in `mount.rs` run them together over a real socket). The admission layer decides at
+//! `call`, so a test calls it in order and knows what was admitted, queued or shed before
+//! any future runs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use secrets_store_csi_grpc::{
-    CatchPanicLayer, Deadline, DeadlineLayer, ErrorKind, InFlightLimitLayer, MountError,
-    MountLimits, MountObserver, MountRequest, MountResponse,
+    AdmissionLayer, CatchPanicLayer, Deadline, DeadlineLayer, ErrorKind, MountError, MountLimits,
+    MountObserver, MountRequest, MountResponse, WaitOutcome,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -41,55 +43,348 @@ fn answer() -> MountResponse {
     }
 }
 
+/// What the admission layer told its observer.
 #[derive(Debug, Default)]
-struct Shed(AtomicUsize);
+struct Seen {
+    shed: AtomicUsize,
+    queued: AtomicUsize,
+    dequeued: Mutex<Vec<(WaitOutcome, Duration)>>,
+}
 
-impl MountObserver for Shed {
+impl Seen {
+    fn shed(&self) -> usize {
+        self.shed.load(Ordering::SeqCst)
+    }
+
+    fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    fn outcomes(&self) -> Vec<WaitOutcome> {
+        self.dequeued.lock().unwrap().iter().map(|d| d.0).collect()
+    }
+}
+
+impl MountObserver for Seen {
     fn mount_started(&self) {}
     fn mount_finished(&self, _: Result<(), ErrorKind>, _: Duration) {}
     fn mount_shed(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.shed.fetch_add(1, Ordering::SeqCst);
+    }
+    fn mount_queued(&self) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+    }
+    fn mount_dequeued(&self, outcome: WaitOutcome, waited: Duration) {
+        self.dequeued.lock().unwrap().push((outcome, waited));
+    }
+}
+
+type Admitting = secrets_store_csi_grpc::Admission<Below>;
+type Mount = <Admitting as Service<MountRequest>>::Future;
+
+const NINE_S: Duration = Duration::from_secs(9);
+
+fn limits(max: usize, share: usize, queued: usize, queued_per_namespace: usize) -> MountLimits {
+    MountLimits {
+        max_in_flight: max,
+        max_in_flight_per_namespace: share,
+        max_queued: queued,
+        max_queued_per_namespace: queued_per_namespace,
+        ..MountLimits::default()
+    }
+}
+
+fn admission(limits: &MountLimits, seen: &Arc<Seen>) -> (Admitting, Handle) {
+    let (inner, handle) = below();
+    let service = AdmissionLayer::new(limits)
+        .with_observer(seen.clone())
+        .layer(inner);
+    (service, handle)
+}
+
+/// Calls `service` with a mount of `namespace` granted `timeout`: by the time this returns
+/// the mount is admitted (the mock has its request), queued or shed.
+async fn call(service: &mut Admitting, namespace: &str, timeout: Duration) -> Mount {
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(namespace, timeout))
+}
+
+/// The namespace of the next request the mount service receives, and its reply.
+async fn next(handle: &mut Handle) -> (String, mock::SendResponse<MountResponse>) {
+    let (request, reply) = handle.next_request().await.unwrap();
+    (request.pod.namespace.unwrap_or_default(), reply)
+}
+
+#[tokio::test]
+async fn a_64_mount_storm_is_served_in_full() {
+    // The defaults: 64 slots, a share of 16, 64 places to wait.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&MountLimits::default(), &seen);
+    let mut storm = Vec::new();
+    for _ in 0..64 {
+        storm.push(tokio::spawn(call(&mut service, "storm", NINE_S).await));
+    }
+    // All but one share take a slot at once; the other 16 wait rather than being shed.
+    assert_eq!((seen.shed(), seen.queued()), (0, 16));
+    // The mount service answers each mount it receives, and a freed slot admits a waiter.
+    for _ in 0..64 {
+        let (namespace, reply) = next(&mut handle).await;
+        assert_eq!(namespace, "storm");
+        reply.send_response(answer());
+    }
+    for mount in storm {
+        mount.await.unwrap().unwrap();
+    }
+    assert_eq!(seen.shed(), 0);
+    assert_eq!(seen.outcomes(), vec![WaitOutcome::Admitted; 16]);
+}
+
+#[tokio::test]
+async fn namespaces_with_waiters_are_served_in_turn_not_in_order_of_arrival() {
+    // Four slots, no share binding; c holds them all, then a queues ten mounts and b two.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(4, 4, 64, 64), &seen);
+    let mut mounts = Vec::new();
+    for _ in 0..4 {
+        mounts.push(tokio::spawn(call(&mut service, "c", NINE_S).await));
+    }
+    let mut replies = Vec::new();
+    for _ in 0..4 {
+        replies.push(next(&mut handle).await.1);
+    }
+    for namespace in ["a"; 10].into_iter().chain(["b"; 2]) {
+        mounts.push(tokio::spawn(call(&mut service, namespace, NINE_S).await));
+    }
+    assert_eq!(seen.queued(), 12);
+    // c's slots free one at a time: b's waiters are admitted among the first, in turn with
+    // a's, not after all ten of a's.
+    let mut order = Vec::new();
+    while order.len() < 12 {
+        replies.remove(0).send_response(answer());
+        let (namespace, reply) = next(&mut handle).await;
+        order.push(namespace);
+        replies.push(reply);
+    }
+    assert_eq!(order[..4], ["a", "b", "a", "b"]);
+    assert_eq!(order[4..], ["a"; 8]);
+    for reply in replies {
+        reply.send_response(answer());
+    }
+    for mount in mounts {
+        mount.await.unwrap().unwrap();
     }
 }
 
 #[tokio::test]
-async fn mounts_past_the_bound_are_shed_at_once_and_told_to_the_observer() {
-    let shed = Arc::new(Shed::default());
-    let limits = MountLimits {
-        max_in_flight: 2,
-        max_in_flight_per_namespace: 2,
-        ..MountLimits::default()
-    };
-    let (inner, mut handle) = below();
-    let service = InFlightLimitLayer::new(&limits)
-        .with_observer(shed.clone())
-        .layer(inner);
-    let first = tokio::spawn(
-        service
-            .clone()
-            .oneshot(request("a", Duration::from_secs(9))),
+async fn a_mount_past_a_full_queue_is_shed_at_once_and_told_to_the_observer() {
+    // One slot; two places to wait on the node, one per namespace.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(1, 1, 2, 1), &seen);
+    let held = tokio::spawn(call(&mut service, "x", NINE_S).await);
+    let (_, reply_held) = next(&mut handle).await;
+    let first_of_a = tokio::spawn(call(&mut service, "a", NINE_S).await);
+    let err = call(&mut service, "a", NINE_S).await.await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    for part in [
+        "no place is left for namespace \"a\"",
+        "server.max_queued_mounts_per_namespace: 1",
+        "limit 1, server.max_in_flight_mounts",
+    ] {
+        assert!(err.message().contains(part), "{part}: {err}");
+    }
+    let first_of_b = tokio::spawn(call(&mut service, "b", NINE_S).await);
+    let err = call(&mut service, "c", NINE_S).await.await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    assert!(
+        err.message().contains("server.max_queued_mounts: 2"),
+        "{err}"
     );
-    let second = tokio::spawn(
-        service
-            .clone()
-            .oneshot(request("b", Duration::from_secs(9))),
-    );
-    let (_, reply_first) = handle.next_request().await.unwrap();
-    let (_, reply_second) = handle.next_request().await.unwrap();
-    let err = service
-        .clone()
-        .oneshot(request("c", Duration::from_secs(9)))
+    assert_eq!((seen.shed(), seen.queued()), (2, 2));
+    // The waiters are admitted as the slot frees, oldest first.
+    reply_held.send_response(answer());
+    for expected in ["a", "b"] {
+        let (namespace, reply) = next(&mut handle).await;
+        assert_eq!(namespace, expected);
+        reply.send_response(answer());
+    }
+    for mount in [held, first_of_a, first_of_b] {
+        mount.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_deadline_passes_is_deadline_exceeded_and_leaves_the_queue() {
+    // One slot and one place to wait.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(1, 1, 1, 1), &seen);
+    let started = Instant::now();
+    let held = tokio::spawn(call(&mut service, "x", Duration::from_secs(60)).await);
+    let (_, reply_held) = next(&mut handle).await;
+    let err = call(&mut service, "late", Duration::from_secs(10))
+        .await
         .await
         .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    for part in [
+        "waited 9.5s for a slot",
+        "deadline of 10s",
+        "server.max_in_flight_mounts",
+    ] {
+        assert!(err.message().contains(part), "{part}: {err}");
+    }
+    assert_eq!(started.elapsed(), Duration::from_millis(9500));
+    // Its place is free again (one more may wait, none is shed), and the slot goes to the
+    // next waiter, not to the one gone.
+    let next_waiter = tokio::spawn(call(&mut service, "next", NINE_S).await);
+    assert_eq!((seen.shed(), seen.queued()), (0, 2));
+    reply_held.send_response(answer());
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "next");
+    reply.send_response(answer());
+    held.await.unwrap().unwrap();
+    next_waiter.await.unwrap().unwrap();
+    let dequeued = seen.dequeued.lock().unwrap().clone();
+    assert_eq!(
+        dequeued[0],
+        (WaitOutcome::DeadlineExceeded, Duration::from_millis(9500))
+    );
+    assert_eq!(dequeued[1].0, WaitOutcome::Admitted);
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_gives_back_nothing_it_did_not_hold_and_the_next_is_admitted() {
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(1, 1, 64, 64), &seen);
+    let held = tokio::spawn(call(&mut service, "x", NINE_S).await);
+    let (_, reply_held) = next(&mut handle).await;
+    // b waits and its caller goes away before a slot frees: b held none and frees none, so
+    // the next mount still waits.
+    let cancelled = call(&mut service, "b", NINE_S).await;
+    let c = tokio::spawn(call(&mut service, "c", NINE_S).await);
+    drop(cancelled);
+    let d = call(&mut service, "d", NINE_S).await;
+    let e = tokio::spawn(call(&mut service, "e", NINE_S).await);
+    assert_eq!(
+        (seen.queued(), seen.outcomes()),
+        (4, vec![WaitOutcome::Cancelled])
+    );
+    // The slot goes to c, not to the waiter gone.
+    reply_held.send_response(answer());
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "c");
+    reply.send_response(answer());
+    c.await.unwrap().unwrap();
+    // c's slot is now granted to d, whose caller never reads it and goes away: the slot
+    // comes back from d's receiver and goes on to e.
+    drop(d);
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "e");
+    reply.send_response(answer());
+    held.await.unwrap().unwrap();
+    e.await.unwrap().unwrap();
+    assert_eq!(
+        seen.outcomes(),
+        [
+            WaitOutcome::Cancelled,
+            WaitOutcome::Admitted,
+            WaitOutcome::Cancelled,
+            WaitOutcome::Admitted
+        ]
+    );
+    // Nothing leaked and nothing was given back twice: the one slot is free, and taken at
+    // once by the next mount while a second one waits.
+    let now = tokio::spawn(call(&mut service, "f", NINE_S).await);
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "f");
+    let after = tokio::spawn(call(&mut service, "g", NINE_S).await);
+    assert_eq!(seen.queued(), 5);
+    reply.send_response(answer());
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "g");
+    reply.send_response(answer());
+    now.await.unwrap().unwrap();
+    after.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_stalled_namespace_with_its_queue_full_never_takes_the_slots_the_others_need() {
+    // Eight slots, a share of two, two places to wait per namespace. Namespace a's mounts
+    // hang: it takes six slots (all but one share), fills its queue, and is then shed.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(8, 2, 64, 2), &seen);
+    let mut mounts = Vec::new();
+    for _ in 0..8 {
+        mounts.push(tokio::spawn(call(&mut service, "a", NINE_S).await));
+    }
+    let mut stalled = Vec::new();
+    for _ in 0..6 {
+        let (namespace, reply) = next(&mut handle).await;
+        assert_eq!(namespace, "a");
+        stalled.push(reply);
+    }
+    let err = call(&mut service, "a", NINE_S).await.await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    assert!(
+        err.message().contains("server.max_in_flight_per_namespace"),
+        "{err}"
+    );
+    assert_eq!((seen.shed(), seen.queued()), (1, 2));
+    // b takes the share left at once, twice over; its third mount waits, and when one of
+    // b's mounts ends the freed slot goes to b's waiter: a has the first turn, but past its
+    // share it may not take the slot.
+    for _ in 0..3 {
+        mounts.push(tokio::spawn(call(&mut service, "b", NINE_S).await));
+    }
+    let mut of_b = Vec::new();
+    for _ in 0..2 {
+        let (namespace, reply) = next(&mut handle).await;
+        assert_eq!(namespace, "b");
+        of_b.push(reply);
+    }
+    of_b.remove(0).send_response(answer());
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "b");
+    of_b.push(reply);
+    for reply in of_b {
+        reply.send_response(answer());
+    }
+    // Once a's mounts end, its waiters are admitted.
+    for reply in stalled {
+        reply.send_response(answer());
+    }
+    for _ in 0..2 {
+        let (namespace, reply) = next(&mut handle).await;
+        assert_eq!(namespace, "a");
+        reply.send_response(answer());
+    }
+    for mount in mounts {
+        mount.await.unwrap().unwrap();
+    }
+    assert_eq!(seen.outcomes(), vec![WaitOutcome::Admitted; 3]);
+}
+
+#[tokio::test]
+async fn with_no_place_to_wait_mounts_past_the_bound_are_shed_at_once() {
+    // `max_queued` 0: a mount that cannot take a slot is refused at once, as before queues.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(2, 2, 0, 0), &seen);
+    let first = tokio::spawn(call(&mut service, "a", NINE_S).await);
+    let second = tokio::spawn(call(&mut service, "b", NINE_S).await);
+    let (_, reply_first) = next(&mut handle).await;
+    let (_, reply_second) = next(&mut handle).await;
+    let err = call(&mut service, "c", NINE_S).await.await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
     assert!(err.message().contains("limit 2"), "{err}");
-    assert_eq!(shed.0.load(Ordering::SeqCst), 1);
+    assert_eq!((seen.shed(), seen.queued()), (1, 0));
     // A finished mount gives its slot back.
     reply_first.send_response(answer());
     first.await.unwrap().unwrap();
-    let third = tokio::spawn(service.oneshot(request("c", Duration::from_secs(9))));
-    let (admitted, reply_third) = handle.next_request().await.unwrap();
-    assert_eq!(admitted.pod.namespace.as_deref(), Some("c"));
+    let third = tokio::spawn(call(&mut service, "c", NINE_S).await);
+    let (namespace, reply_third) = next(&mut handle).await;
+    assert_eq!(namespace, "c");
     reply_second.send_response(answer());
     reply_third.send_response(answer());
     second.await.unwrap().unwrap();
@@ -97,47 +392,45 @@ async fn mounts_past_the_bound_are_shed_at_once_and_told_to_the_observer() {
 }
 
 #[tokio::test]
-async fn a_namespace_past_its_share_leaves_one_share_for_the_others() {
-    // Four slots, a share of one: namespace a alone takes three, then is refused while one
-    // stays free, which namespace b then takes.
-    let limits = MountLimits {
-        max_in_flight: 4,
-        max_in_flight_per_namespace: 1,
-        ..MountLimits::default()
-    };
-    let (inner, mut handle) = below();
-    let service = InFlightLimitLayer::new(&limits).layer(inner);
-    let held: Vec<_> = (0..3)
-        .map(|_| {
-            tokio::spawn(
-                service
-                    .clone()
-                    .oneshot(request("a", Duration::from_secs(9))),
-            )
-        })
-        .collect();
-    let mut replies = Vec::new();
-    for _ in 0..3 {
-        replies.push(handle.next_request().await.unwrap().1);
+async fn a_namespace_past_its_share_waits_while_one_share_stays_free_for_the_others() {
+    // Four slots, a share of one: namespace a alone takes three; its fourth waits while the
+    // last slot stays free, which b then takes at once.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(4, 1, 64, 64), &seen);
+    let mut mounts = Vec::new();
+    for _ in 0..4 {
+        mounts.push(tokio::spawn(call(&mut service, "a", NINE_S).await));
     }
-    let err = service
-        .clone()
-        .oneshot(request("a", Duration::from_secs(9)))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
-    assert!(err.message().contains("namespace \"a\""), "{err}");
-    let other = tokio::spawn(service.oneshot(request("b", Duration::from_secs(9))));
-    let (admitted, reply) = handle.next_request().await.unwrap();
-    assert_eq!(admitted.pod.namespace.as_deref(), Some("b"));
-    replies.push(reply);
-    for reply in replies {
+    let mut of_a = Vec::new();
+    for _ in 0..3 {
+        of_a.push(next(&mut handle).await.1);
+    }
+    assert_eq!(seen.queued(), 1);
+    mounts.push(tokio::spawn(call(&mut service, "b", NINE_S).await));
+    let (namespace, reply_b) = next(&mut handle).await;
+    assert_eq!(namespace, "b");
+    // When one of a's mounts ends, a is still past its share with no share left free
+    // after it: the slot is not its waiter's, and c takes it at once.
+    of_a.remove(0).send_response(answer());
+    mounts.remove(0).await.unwrap().unwrap();
+    mounts.push(tokio::spawn(call(&mut service, "c", NINE_S).await));
+    assert_eq!(seen.queued(), 1);
+    let (namespace, reply_c) = next(&mut handle).await;
+    assert_eq!(namespace, "c");
+    // Once b's and c's end, a share is free beside a's: its waiter is admitted.
+    reply_b.send_response(answer());
+    reply_c.send_response(answer());
+    let (namespace, reply) = next(&mut handle).await;
+    assert_eq!(namespace, "a");
+    of_a.push(reply);
+    for reply in of_a {
         reply.send_response(answer());
     }
-    other.await.unwrap().unwrap();
-    for mount in held {
+    for mount in mounts {
         mount.await.unwrap().unwrap();
     }
+    assert_eq!(seen.shed(), 0);
+    assert_eq!(seen.outcomes(), [WaitOutcome::Admitted]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -217,7 +510,7 @@ async fn every_edge_layer_delegates_readiness() {
         handle.allow(1);
         assert!(service.poll_ready(&mut cx).is_ready());
     }
-    check(InFlightLimitLayer::new(&MountLimits::default())).await;
+    check(AdmissionLayer::new(&MountLimits::default())).await;
     check(DeadlineLayer).await;
     check(CatchPanicLayer).await;
 }

@@ -337,8 +337,8 @@ async fn the_deadline_is_the_grpc_timeout_capped_by_the_maximum() {
     server.stop().await;
 }
 
-/// A service whose mounts for which `held` holds report on the channel and wait for the
-/// `Notify`; the others answer at once.
+/// A service whose mounts for which `held` holds report on the channel and wait until the
+/// gate opens (for them and every later mount); the others answer at once.
 fn gated(
     held: fn(&MountRequest) -> bool,
 ) -> (
@@ -347,30 +347,31 @@ fn gated(
     + Send
     + Sync,
     tokio::sync::mpsc::UnboundedReceiver<()>,
-    Arc<tokio::sync::Notify>,
+    tokio::sync::watch::Sender<bool>,
 ) {
     let (entered_tx, entered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let gate = release.clone();
+    let (open, gate) = tokio::sync::watch::channel(false);
     let service = tower::service_fn(move |req: MountRequest| {
         let entered = entered_tx.clone();
-        let gate = gate.clone();
+        let mut gate = gate.clone();
         async move {
             if held(&req) {
                 let _ = entered.send(());
-                gate.notified().await;
+                let _ = gate.wait_for(|open| *open).await;
             }
             Ok(one_file(&req))
         }
     });
-    (service, entered_rx, release)
+    (service, entered_rx, open)
 }
 
 #[tokio::test]
 async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
-    let (service, mut entered_rx, release) = gated(|_| true);
+    let (service, mut entered_rx, gate) = gated(|_| true);
+    // No place to wait: past the slots, a mount is refused at once.
     let limits = MountLimits {
         max_in_flight: 2,
+        max_queued: 0,
         ..MountLimits::default()
     };
     let server = start(service, limits, Duration::from_secs(1));
@@ -390,7 +391,7 @@ async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
         .unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(status.message().contains("limit 2"), "{}", status.message());
-    release.notify_waiters();
+    gate.send_replace(true);
     for task in held {
         task.await.unwrap().unwrap();
     }
@@ -400,11 +401,13 @@ async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
 #[tokio::test]
 async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
     // Namespace a's mounts hang. Alone it may take six of eight slots (all but one share
-    // of two), then it is refused; namespace b still mounts at once, twice over.
-    let (service, mut entered_rx, release) = gated(|req| req.pod.namespace.as_deref() == Some("a"));
+    // of two), then two more of its mounts wait (its places in the queue), then it is
+    // refused; namespace b still mounts at once, twice over.
+    let (service, mut entered_rx, gate) = gated(|req| req.pod.namespace.as_deref() == Some("a"));
     let limits = MountLimits {
         max_in_flight: 8,
         max_in_flight_per_namespace: 2,
+        max_queued_per_namespace: 2,
         ..MountLimits::default()
     };
     let server = start(service, limits, Duration::from_secs(1));
@@ -420,7 +423,14 @@ async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
     for _ in 0..6 {
         entered_rx.recv().await.unwrap();
     }
-    let status = client.clone().mount(of("a")).await.unwrap_err();
+    // Three more: two wait (while a holds six, never admitted), the third is refused at
+    // once, whichever of them arrives last.
+    let mut more = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let (mut client, request) = (client.clone(), of("a"));
+        more.spawn(async move { client.mount(request).await });
+    }
+    let status = more.join_next().await.unwrap().unwrap().unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(
         status
@@ -433,9 +443,12 @@ async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
     for _ in 0..2 {
         client.clone().mount(of("b")).await.unwrap();
     }
-    release.notify_waiters();
+    gate.send_replace(true);
     for task in held {
         task.await.unwrap().unwrap();
+    }
+    while let Some(waited) = more.join_next().await {
+        waited.unwrap().unwrap();
     }
     server.stop().await;
 }

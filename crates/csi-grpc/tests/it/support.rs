@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use secrets_store_csi_grpc::client::{Client, connect_unix};
 use secrets_store_csi_grpc::{
-    CatchPanicLayer, CsiProvider, DeadlineLayer, Endpoint, InFlightLimitLayer, Listener,
-    MountLimits, MountService, ServerInfo, serve,
+    AdmissionLayer, CatchPanicLayer, CsiProvider, DeadlineLayer, Endpoint, Listener, MountLimits,
+    MountService, ServerInfo, serve,
 };
 use tokio::sync::oneshot;
 
@@ -79,7 +79,7 @@ where
     let (stop, stopped) = oneshot::channel::<()>();
     // The layers every mount passes, as the binary composes them.
     let edge = tower::ServiceBuilder::new()
-        .layer(InFlightLimitLayer::new(&limits))
+        .layer(AdmissionLayer::new(&limits))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)
         .service(inner);
