@@ -197,8 +197,8 @@ impl Collected {
 }
 
 /// The request of a secret entry to its primary region and, when the class and the entry
-/// name one, to the failover region. With a failover, the primary gets half of the time
-/// left, so that the failover has time to answer.
+/// name one, to the failover region, both with the mount's deadline. (With a failover the
+/// primary gets half of the time left when the entry starts: [`SecretFetch::run`].)
 fn secret_requests(
     spec: &SecretSpec,
     established: &auth::Established,
@@ -228,15 +228,8 @@ fn secret_requests(
             let again = request(&target.secrets, source, deadline);
             (target.name().to_owned(), again)
         });
-    let primary_deadline = match failover {
-        Some(_) => {
-            let now = tokio::time::Instant::now();
-            now + deadline.saturating_duration_since(now) / 2
-        }
-        None => deadline,
-    };
     (
-        request(&targets.primary.secrets, &spec.source, primary_deadline),
+        request(&targets.primary.secrets, &spec.source, deadline),
         failover,
     )
 }
@@ -320,10 +313,17 @@ struct SecretFetch<V> {
 impl<V: SecretsService> SecretFetch<V> {
     async fn run(
         self,
-        primary: vault::SecretRequest,
+        mut primary: vault::SecretRequest,
         failover: Option<(String, vault::SecretRequest)>,
     ) -> EntryAnswer {
         let _permit = self.permits.acquire_owned().await;
+        // With a failover, the primary gets half of the time left now that the entry
+        // starts (not when the mount began: a large mount's later entries wait for the
+        // fan-out), so that the failover has time to answer.
+        if failover.is_some() {
+            let now = tokio::time::Instant::now();
+            primary.deadline = now + primary.deadline.saturating_duration_since(now) / 2;
+        }
         let request = WithFailover {
             primary: Metered::new(primary, &self.mount),
             failover: failover.map(|(region, again)| (region, Metered::new(again, &self.mount))),

@@ -304,3 +304,58 @@ async fn error_messages_never_contain_secret_bytes() {
     .unwrap();
     assert!(!format!("{ok:?}").contains("TOP-SECRET-BYTES"));
 }
+
+/// A large mount with a failover region: each entry's primary gets half of the time left
+/// when the entry starts, not when the mount began (later entries waited for the fan-out,
+/// and a deadline fixed up front sent them all to the failover region).
+#[tokio::test(start_paused = true)]
+async fn each_entrys_primary_gets_half_the_time_left_when_the_entry_starts() {
+    let vault = Vault::default();
+    let config = oci_csi_provider::MountContext {
+        fan_out: 1,
+        ..crate::fakes::config()
+    };
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault.clone(),
+        oci_csi_provider::NoCertificates,
+        config,
+        None,
+    );
+    let secrets: String = (0..6).map(|i| format!("- secretId: ocid1.vaultsecret.oc1..s{i}\n")).collect();
+    let attributes = json!({
+        "secrets": secrets,
+        "authType": "workload",
+        "failoverRegion": "us-phoenix-1",
+        "csi.storage.k8s.io/pod.name": "web-0",
+        "csi.storage.k8s.io/pod.namespace": "app",
+        "csi.storage.k8s.io/pod.uid": "uid",
+        "csi.storage.k8s.io/serviceAccount.name": "web",
+    });
+    let start = tokio::time::Instant::now();
+    let deadline = start + std::time::Duration::from_secs(30);
+    let request = MountRequest::from_proto(
+        csi_grpc::proto::MountRequest {
+            attributes: attributes.to_string(),
+            secrets: "{}".into(),
+            target_path: String::new(),
+            permission: "292".into(),
+            current_object_version: vec![],
+        },
+        deadline,
+    )
+    .unwrap();
+    service.oneshot(request).await.unwrap();
+    let requests = vault.requests.lock().unwrap();
+    assert_eq!(requests.len(), 6, "one fetch per entry, none failed over");
+    for (k, fetched) in requests.iter().enumerate() {
+        // The fake vault answers in 5 ms; with a fan-out of one, entry k starts 5k ms in.
+        let began = start + std::time::Duration::from_millis(5 * k as u64);
+        assert_eq!(
+            fetched.deadline,
+            began + (deadline - began) / 2,
+            "entry {k}"
+        );
+    }
+    assert!(requests[5].deadline > requests[0].deadline);
+}
