@@ -20,7 +20,10 @@ where
         let endpoints = &self.config.endpoints;
         let resolve = |key: &str, region: &str| {
             let resolved = endpoints.named(region).map_err(|why| {
-                MountError::invalid_argument(format!("parameter {key:?} {region:?}: {why}"))
+                MountError::invalid_argument(format!(
+                    "parameter {key:?} {}: {why}",
+                    bounded::quote(region)
+                ))
             })?;
             self.check_allowed(key, region, &resolved)?;
             Ok::<_, MountError>(resolved)
@@ -28,6 +31,19 @@ where
         let principal = endpoints
             .of(established.region.as_ref())
             .map_err(endpoint_error)?;
+        // A user principal's region is the tenant's too (its Secret's `auth.region`): when
+        // the mount would call it, it passes the operator's list like a class's `region`.
+        // (The instance and workload principals' regions are the operator's own.)
+        if params.region.is_none()
+            && matches!(params.auth, crate::params::AuthSpec::User { .. })
+            && let Some(region) = &established.region
+        {
+            self.check_allowed(
+                "the user principal's region (auth.region of its Secret)",
+                region.id(),
+                &principal,
+            )?;
+        }
         let primary = match &params.region {
             Some(region) => {
                 let r = resolve("region", region)?;
@@ -36,8 +52,9 @@ where
                     && own != theirs
                 {
                     return Err(MountError::invalid_argument(format!(
-                        "parameter \"region\" {region:?} is in realm {theirs}, the principal in \
-                         realm {own}: a SecretProviderClass reads within its principal's realm"
+                        "parameter \"region\" {} is in realm {theirs}, the principal in \
+                         realm {own}: a SecretProviderClass reads within its principal's realm",
+                        bounded::quote(region)
                     )));
                 }
                 r
@@ -52,8 +69,9 @@ where
                     && primary != failover
                 {
                     return Err(MountError::invalid_argument(format!(
-                        "parameter \"failoverRegion\" {region:?} is in realm {failover}, the \
-                         primary region in realm {primary}: a failover stays in one realm"
+                        "parameter \"failoverRegion\" {} is in realm {failover}, the \
+                         primary region in realm {primary}: a failover stays in one realm",
+                        bounded::quote(region)
                     )));
                 }
                 Some(target)
@@ -79,11 +97,17 @@ where
         {
             return Ok(());
         }
+        let what = if key.starts_with("the ") {
+            key.to_owned()
+        } else {
+            format!("parameter {key:?}")
+        };
         Err(MountError::new(
             ErrorKind::PermissionDenied,
             format!(
-                "parameter {key:?} {region:?} is not among the regions this provider's \
-                 auth.allowed_regions lists ({})",
+                "{what} {} is not among the regions this provider's auth.allowed_regions lists \
+                 ({})",
+                bounded::quote(region),
                 allowed.join(", ")
             ),
         ))

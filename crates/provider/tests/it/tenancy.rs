@@ -477,3 +477,56 @@ async fn a_tenants_region_stays_in_the_principals_realm_and_in_the_operators_lis
     assert!(err.message().contains("auth.allowed_regions"), "{err}");
     listed.oneshot(with_region("us-ashburn-1")).await.unwrap();
 }
+
+/// The user principal's region comes from the tenant's Secret: with `allowed_regions`, a
+/// Secret naming another region (or one of another realm) is refused before any call, as
+/// a class's `region` would be.
+#[tokio::test]
+async fn a_user_principals_own_region_passes_the_operators_list_too() {
+    let user_in = |region: &str| {
+        let vault = Vault::default();
+        let service = crate::fakes::mount(
+            Auth {
+                region: Some(regions::Regions::default().resolve(region).unwrap()),
+                ..Auth::default()
+            },
+            vault.clone(),
+            oci_csi_provider::NoCertificates,
+            MountContext {
+                allowed_regions: vec!["us-ashburn-1".into()],
+                ..crate::fakes::config()
+            },
+            None,
+        );
+        (service, vault)
+    };
+    let user_request = || {
+        let mut mount = request("- name: a\n");
+        mount.attributes.insert("authType".into(), "user".into());
+        mount.attributes.insert("authSecretName".into(), "oci-config".into());
+        mount
+    };
+    for elsewhere in ["eu-frankfurt-1", "us-langley-1"] {
+        let (service, vault) = user_in(elsewhere);
+        let err = service.oneshot(user_request()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+        assert!(
+            err.message().contains(&format!(
+                "the user principal's region (auth.region of its Secret) \"{elsewhere}\" is not \
+                 among the regions this provider's auth.allowed_regions lists (us-ashburn-1)"
+            )),
+            "{err}"
+        );
+        assert!(vault.requests.lock().unwrap().is_empty(), "nothing fetched");
+    }
+    let (service, vault) = user_in("iad");
+    service.oneshot(user_request()).await.unwrap();
+    assert_eq!(vault.requests.lock().unwrap().len(), 1);
+    // A class's own region decides where the mount goes, and it is the one checked: the
+    // Secret's Frankfurt is not contacted (same realm, listed region: mounted).
+    let (service, vault) = user_in("eu-frankfurt-1");
+    let mut mount = user_request();
+    mount.attributes.insert("region".into(), "us-ashburn-1".into());
+    service.oneshot(mount).await.unwrap();
+    assert_eq!(vault.requests.lock().unwrap().len(), 1);
+}
