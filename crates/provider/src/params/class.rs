@@ -23,6 +23,13 @@ pub(super) fn parse_auth(
         Some("instance") => AuthSpec::Instance,
         Some("workload") => AuthSpec::Workload,
         Some("user") => match attributes.get(AUTH_SECRET_NAME).map(|s| s.trim()) {
+            Some(name) if !name.is_empty() && !is_kubernetes_name(name) => {
+                return Err(ParamError::new(format!(
+                    "parameter \"authSecretName\" {} is not a Kubernetes Secret name (lower-case \
+                     letters, digits, '-' and '.', at most 253 characters)",
+                    quote(name)
+                )));
+            }
             Some(name) if !name.is_empty() => AuthSpec::User {
                 secret_name: name.to_owned(),
             },
@@ -62,6 +69,18 @@ pub(super) fn parse_auth(
         _ => {}
     }
     Ok(auth)
+}
+
+/// A Kubernetes object name (a DNS-1123 subdomain): what the API server would accept, so
+/// nothing else reaches a URL, a message or a log line.
+fn is_kubernetes_name(name: &str) -> bool {
+    let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    name.len() <= 253
+        && edge(name.bytes().next())
+        && edge(name.bytes().last())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// A region parameter as written: a region id or short code (`us-ashburn-1`, `iad`), never

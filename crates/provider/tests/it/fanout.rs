@@ -322,7 +322,9 @@ async fn each_entrys_primary_gets_half_the_time_left_when_the_entry_starts() {
         config,
         None,
     );
-    let secrets: String = (0..6).map(|i| format!("- secretId: ocid1.vaultsecret.oc1..s{i}\n")).collect();
+    let secrets: String = (0..6)
+        .map(|i| format!("- secretId: ocid1.vaultsecret.oc1..s{i}\n"))
+        .collect();
     let attributes = json!({
         "secrets": secrets,
         "authType": "workload",

@@ -503,7 +503,9 @@ async fn a_user_principals_own_region_passes_the_operators_list_too() {
     let user_request = || {
         let mut mount = request("- name: a\n");
         mount.attributes.insert("authType".into(), "user".into());
-        mount.attributes.insert("authSecretName".into(), "oci-config".into());
+        mount
+            .attributes
+            .insert("authSecretName".into(), "oci-config".into());
         mount
     };
     for elsewhere in ["eu-frankfurt-1", "us-langley-1"] {
@@ -526,7 +528,9 @@ async fn a_user_principals_own_region_passes_the_operators_list_too() {
     // Secret's Frankfurt is not contacted (same realm, listed region: mounted).
     let (service, vault) = user_in("eu-frankfurt-1");
     let mut mount = user_request();
-    mount.attributes.insert("region".into(), "us-ashburn-1".into());
+    mount
+        .attributes
+        .insert("region".into(), "us-ashburn-1".into());
     service.oneshot(mount).await.unwrap();
     assert_eq!(vault.requests.lock().unwrap().len(), 1);
 }
