@@ -7,6 +7,7 @@ mod demo;
 mod deps;
 mod dist;
 mod fuzz;
+mod hostile;
 mod plot;
 mod procs;
 mod release;
@@ -29,6 +30,9 @@ commands:
                      a pod storm on a warm node: N mounts (64) of one secret by one identity
                      fired at once through the socket, R times; succeeded, failed by gRPC
                      code, latency p50/p99/max; --provider-bin runs another build (before/after)
+  hostile [options] what hostile documents (YAML aliases in the secrets parameter, nested
+                     anchors in a secret read for keys) cost the release binary: N mounts
+                     at once, peak RSS before and after; `cargo xtask hostile --help`
   compat [options]   the real grpc-go client against the provider and the emulator, dialled
                      as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
         Some("soak") => soak::run(rest),
+        Some("hostile") => hostile::run(rest),
         Some("storm") => storm::run(rest),
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),
