@@ -101,7 +101,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 
 /// Nested anchors, ten per level, to about `max` bytes: each level a list of the previous.
 fn nested_anchors(max: usize) -> String {
-    let mut yaml = format!("a: &l0 [{}]\n", vec!["\"lol\""; 10].join(", "));
+    let mut yaml = format!("a: &l0 [{}]\n", ["\"lol\""; 10].join(", "));
     for level in 1.. {
         let line = format!(
             "l{level}: &l{level} [{}]\n",
