@@ -221,6 +221,9 @@ pub(crate) fn build(
         tenant_keys: principals.tenant_keys(),
         endpoints,
         certificate_expiry: certificate_expiry.clone(),
+        // The parses of a mount's parameters and of secrets read for keys reserve from the
+        // fetches' budget: one budget for everything a mount holds.
+        byte_budget: Some(fetches.budget.clone()),
         ..mount_context(config)
     };
     let mount = OciMount::new(

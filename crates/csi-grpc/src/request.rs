@@ -290,10 +290,12 @@ impl From<Instant> for Deadline {
     }
 }
 
-/// The largest request the server decodes (tonic's default `max_decoding_message_size`,
-/// set explicitly in [`crate::CsiProvider::into_service`]): each JSON document of a request
-/// is parsed within it.
-pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// The largest request the server decodes (`max_decoding_message_size`, set in
+/// [`crate::CsiProvider::into_service`]; tonic's default is 4 MiB): a SecretProviderClass's
+/// parameters, the pod's attributes and tokens take a few KiB, and the OCI `secrets` list at
+/// most 256 KiB. Each JSON document of a request is parsed within it, and the mounts in
+/// flight and waiting hold at most this much each.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
 /// The budget of the request's JSON documents: no larger than the request itself.
 const REQUEST_JSON: bounded::ParseBudget = bounded::ParseBudget::new(MAX_REQUEST_BYTES);

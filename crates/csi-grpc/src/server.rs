@@ -190,8 +190,7 @@ impl<S> CsiProvider<S> {
     where
         S: MountService,
     {
-        // Explicit, though it is tonic's default: the request's JSON documents are parsed
-        // within it (`MAX_REQUEST_BYTES`).
+        // The memory model counts each mount in flight or waiting at this much at most.
         CsiDriverProviderServer::new(self)
             .max_decoding_message_size(crate::request::MAX_REQUEST_BYTES)
     }

@@ -237,13 +237,6 @@ impl Reservation {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
-
-    /// `bytes` more from the same budget, for the same namespace (within its share), held
-    /// by a reservation of their own: what working on an answer takes while it lasts (a
-    /// parse of a secret's content for `keys`).
-    pub fn reserve_more(&self, bytes: usize) -> Result<Reservation, Refusal> {
-        self.budget.reserve(self.namespace.as_ref(), bytes)
-    }
 }
 
 impl Drop for Reservation {

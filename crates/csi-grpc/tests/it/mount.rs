@@ -155,6 +155,29 @@ async fn malformed_mounts_get_invalid_argument_and_the_server_keeps_serving() {
     server.stop().await;
 }
 
+/// A request larger than the server decodes is refused before it is held, and the
+/// connection keeps serving.
+#[tokio::test]
+async fn a_request_past_the_decoding_limit_is_refused_and_serving_goes_on() {
+    let server = start(echo(), MountLimits::default(), Duration::from_secs(1));
+    let mut client = connect(&server.path).await;
+    let huge = "v".repeat(secrets_store_csi_grpc::MAX_REQUEST_BYTES);
+    let status = client
+        .mount(driver_request(json!({ "vaultId": huge })))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("message length too large"),
+        "{status:?}"
+    );
+    client.mount(driver_request(json!({}))).await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn each_error_kind_maps_to_its_status_code() {
     let kinds = [

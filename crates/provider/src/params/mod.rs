@@ -37,6 +37,12 @@ const FAILOVER_VAULT_ID: &str = "failoverVaultId";
 /// Longest secret name and vault OCID the Secrets API accepts (spec 2.2).
 const MAX_OCI_PARAMETER_LEN: usize = 255;
 
+/// What parsing a mount's parameters may allocate at most, per byte of them (its
+/// attributes' names and values): the `secrets` list is at most three times its text at
+/// any size, as the peak-heap tests measure (`crates/provider/tests/heap`). The parse
+/// reserves this from the byte budget while it runs.
+pub(crate) const PARSE_BYTES_PER_BYTE: usize = 4;
+
 /// Entries a mount's `secrets` list may have unless configured otherwise
 /// (`server.max_secrets_per_mount`).
 pub const DEFAULT_MAX_SECRETS: usize = 256;

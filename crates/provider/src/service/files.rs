@@ -3,16 +3,21 @@
 use super::*;
 use bounded::quote;
 
+/// What a parse for keys holds of the byte budget while it runs (`None`: no process
+/// budget), from the content's length and the entry's index; refused when the budget or the
+/// namespace's share is used up.
+pub(super) type ParseReservation<'a> =
+    dyn Fn(usize, usize) -> Result<Option<Reservation>, MountError> + 'a;
+
 /// The mount's files from its bundles, in request order: whole secrets and extracted
-/// keys, each key copied only within the room left of `max_total_bytes`. A parse for keys
-/// first reserves what it may take from the byte budget `held` came from (its namespace's
-/// share; `None`: no process budget).
+/// keys, each key copied only within the room left of `max_total_bytes`, each parse for
+/// keys first reserving what it may take (`reserve`).
 pub(super) fn assemble(
     params: &MountParameters,
     bundles: Vec<vault::SecretBundle>,
     mode: csi_grpc::FileMode,
     max_total_bytes: usize,
-    held: Option<&Reservation>,
+    reserve: &ParseReservation<'_>,
 ) -> Result<MountResponse, MountError> {
     let object_versions = object_versions(params, &bundles);
     let mut files = Vec::with_capacity(bundles.len());
@@ -33,7 +38,7 @@ pub(super) fn assemble(
                 entry_mode,
                 &mut files,
                 max_total_bytes.saturating_sub(written),
-                held,
+                reserve,
             )?;
         }
         if spec.whole {
@@ -118,20 +123,12 @@ pub(super) fn extract_keys(
     mode: csi_grpc::FileMode,
     files: &mut Vec<File>,
     room: usize,
-    held: Option<&Reservation>,
+    reserve: &ParseReservation<'_>,
 ) -> Result<usize, MountError> {
-    use crate::extract::{ExtractError, PARSE_BYTES_PER_BYTE, parse, value_of, wipe};
+    use crate::extract::{ExtractError, parse, value_of, wipe};
     let secret = quote(spec.source.display());
     // What the parse may take is held in the budget while it lasts.
-    let _parsing = held
-        .map(|held| held.reserve_more(content.len().saturating_mul(PARSE_BYTES_PER_BYTE)))
-        .transpose()
-        .map_err(|refusal| {
-            MountError::new(
-                ErrorKind::ResourceExhausted,
-                format!("secrets[{index}] {secret}: reading its keys: {refusal}"),
-            )
-        })?;
+    let _parsing = reserve(content.len(), index)?;
     let document = parse(content, spec.format).map_err(|e| match e {
         ExtractError::Parse(why) => {
             let asked: Vec<String> = spec

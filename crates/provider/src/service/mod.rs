@@ -153,6 +153,11 @@ pub struct MountContext {
     /// The one gate of tenant private keys (`auth::Principals::tenant_keys`): certificate
     /// keys are decoded through it, as user keys are.
     pub tenant_keys: auth::TenantKeys,
+    /// The byte budget the fetches reserve from (the one given to [`crate::BudgetLayer`]):
+    /// the parse of a mount's parameters and of a secret read for `keys` reserve what they
+    /// may allocate from it, in the mount's namespace share, while they run. `None`: no
+    /// process budget.
+    pub byte_budget: Option<crate::ByteBudget>,
 }
 
 impl Default for MountContext {
@@ -167,6 +172,7 @@ impl Default for MountContext {
             tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
             allowed_types: crate::params::AuthType::ALL.to_vec(),
             allowed_regions: Vec::new(),
+            byte_budget: None,
         }
     }
 }
@@ -239,7 +245,38 @@ where
         ))
     }
 
+    /// `bytes` of the byte budget, for the mount's namespace, while `what` runs; `None`
+    /// without a process budget.
+    fn reserve(
+        &self,
+        namespace: &str,
+        bytes: usize,
+        what: &str,
+    ) -> Result<Option<Reservation>, MountError> {
+        let Some(budget) = &self.config.byte_budget else {
+            return Ok(None);
+        };
+        budget
+            .try_reserve_for(&Arc::from(namespace), bytes)
+            .map(Some)
+            .map_err(|refusal| {
+                MountError::new(ErrorKind::ResourceExhausted, format!("{what}: {refusal}"))
+            })
+    }
+
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
+        let namespace = request.pod.namespace.as_deref().unwrap_or("");
+        // What parsing the parameters may allocate is held in the budget while it runs.
+        let attributes: usize = request
+            .attributes
+            .iter()
+            .map(|(key, value)| key.len() + value.len())
+            .sum();
+        let parsing = self.reserve(
+            namespace,
+            attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
+            "reading the SecretProviderClass parameters",
+        )?;
         let params = MountParameters::parse_within(
             &request.attributes,
             &request.pod,
@@ -248,6 +285,7 @@ where
                 max_files: self.config.max_files,
             },
         )?;
+        drop(parsing);
         let auth_type = params.auth.auth_type();
         self.check_allowed_type(auth_type)?;
         if auth_type == crate::params::AuthType::Workload {
@@ -275,12 +313,19 @@ where
         let (bundles, mut reservations) = self
             .fetch_all(&params, &established, &targets, &mount, request.deadline)
             .await?;
+        let keys_parse = |content: usize, index: usize| {
+            self.reserve(
+                namespace,
+                content.saturating_mul(crate::extract::PARSE_BYTES_PER_BYTE),
+                &format!("secrets[{index}]: reading its keys"),
+            )
+        };
         let mut response = assemble(
             &params,
             bundles,
             request.file_mode,
             self.config.max_total_bytes,
-            reservations.first(),
+            &keys_parse,
         )?;
         if !params.certificates.is_empty() {
             let (files, versions, held) = self

@@ -130,12 +130,17 @@ where
 {
     let rt = runtime();
     let request = wire.attributes.len();
+    // The binary's wiring: one budget for the fetches and the parses.
+    let budget = oci_csi_provider::ByteBudget::new(64 << 20);
     let service = fakes::mount(
         Auth::default(),
         vault,
         certificates,
-        fakes::config(),
-        Some(oci_csi_provider::ByteBudget::new(64 << 20)),
+        oci_csi_provider::MountContext {
+            byte_budget: Some(budget.clone()),
+            ..fakes::config()
+        },
+        Some(budget),
     );
     let (_, peak) = peak_while(|| {
         rt.block_on(async {

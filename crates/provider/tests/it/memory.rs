@@ -223,3 +223,66 @@ async fn files_past_the_limit_fail_the_mount_even_when_the_fetched_bytes_fit() {
     );
     assert!(!message.contains("vvvv"), "{message}");
 }
+
+/// What parsing a class and a secret read for keys may allocate is reserved from the same
+/// byte budget as the fetches, in the mount's namespace share, while the parse runs.
+#[tokio::test]
+async fn parses_of_parameters_and_of_keys_reserve_from_the_byte_budget() {
+    let budget = ByteBudget::new(crate::fakes::RESERVE + 16 * 1024);
+    // A 1 KB document, and an 8 KB one whose parse would reserve 48 x 8 KB.
+    let document = |len: usize| Behaviour::Bundle {
+        content: format!("{{\"a\": \"{}\"}}", "x".repeat(len)).into_bytes(),
+        secret_id: "ocid1.vaultsecret.oc1..doc".into(),
+        version: 1,
+    };
+    let vault = Vault::default()
+        .with("doc", document(1024))
+        .with("big", document(8 * 1024));
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault.clone(),
+        oci_csi_provider::NoCertificates,
+        MountContext {
+            byte_budget: Some(budget.clone()),
+            ..crate::fakes::config()
+        },
+        Some(budget.clone()),
+    );
+    // A class of ~80 KB reserves four times that to be parsed: more than the budget.
+    let long_list: String = (0..100)
+        .map(|i| format!("- name: s{i:03}\n  fileName: {}\n", "f".repeat(800)))
+        .collect();
+    let err = service
+        .clone()
+        .oneshot(request(&long_list))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(
+        err.message()
+            .starts_with("reading the SecretProviderClass parameters: the provider is holding"),
+        "{err}"
+    );
+    assert!(vault.requests.lock().unwrap().is_empty(), "nothing fetched");
+    assert_eq!(budget.used(), 0, "the reservation is given back");
+    // The 8 KB document fetched, its parse for keys does not fit what is left.
+    let err = service
+        .clone()
+        .oneshot(request("- name: big\n  keys: [{key: a}]\n"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(
+        err.message()
+            .starts_with("secrets[0]: reading its keys: the provider is holding"),
+        "{err}"
+    );
+    assert_eq!(budget.used(), 0);
+    // The 1 KB one mounts.
+    let response = service
+        .oneshot(request("- name: doc\n  keys: [{key: a}]\n"))
+        .await
+        .unwrap();
+    assert_eq!(response.files.len(), 1);
+    assert_eq!(budget.used(), 0);
+}
