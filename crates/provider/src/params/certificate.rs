@@ -4,10 +4,10 @@
 use csi_grpc::FilePath;
 
 use super::class::check_ocid;
-use super::entries::{parse_mode, parse_selector};
+use super::fields::{parse_mode, parse_selector};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
+use super::spec::{CertificateKind, CertificateSpec};
 use super::yaml::{Field, RawSecret};
-use super::{CertificateKind, CertificateSpec};
 
 /// The certificate kind an entry names, if it names one (several are refused later).
 pub(super) fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {

@@ -7,7 +7,7 @@ use bounded::quote;
 use csi_grpc::Pod;
 
 use super::problems::ParamError;
-use super::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, VAULT_ID};
+use super::spec::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, VAULT_ID};
 
 pub(super) fn parse_auth(
     attributes: &BTreeMap<String, String>,

@@ -5,10 +5,11 @@ use bounded::quote;
 use csi_grpc::FilePath;
 
 use super::class::check_ocid;
-use super::entries::{parse_mode, parse_selector};
+use super::fields::{parse_mode, parse_selector};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
+use super::spec::{Encoding, MAX_OCI_PARAMETER_LEN, SecretSource, SecretSpec};
 use super::yaml::{RawKey, RawSecret};
-use super::{Encoding, Format, KeySpec, MAX_OCI_PARAMETER_LEN, SecretSource, SecretSpec};
+use crate::extract::{Format, KeySpec};
 
 /// A secret entry with a field that only certificate entries take.
 pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {

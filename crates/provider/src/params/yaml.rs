@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 use bounded::{BoundedString, ParseBudget};
 
 use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX};
-use super::{CertificateKind, ParseLimits, SECRETS};
+use super::spec::{CertificateKind, ParseLimits, SECRETS};
 
 /// The largest `secrets` parameter parsed: 256 entries of 1 KiB each. Its aliases may
 /// expand it to twice its size at most, never past this.

@@ -1,7 +1,11 @@
 //! What a failed mount says: one status by precedence, and a message that lists each
-//! failed entry with its cause, capped, most actionable first.
+//! failed entry with its cause, capped, most actionable first. A leaf module: the others
+//! report through it.
 
-use super::*;
+use csi_grpc::{ErrorKind, FilePath, MountError};
+
+use crate::budget::{MountBytes, Refused};
+use crate::params::{MountParameters, SecretSpec};
 
 /// A fetch that did not run within the bounds, or failed (`failed` names it).
 pub(super) fn refused_error(
@@ -43,26 +47,18 @@ pub(super) fn over_limit(mount: &MountBytes, spec: &crate::params::CertificateSp
 }
 
 /// The mount passed `max_total_bytes` while its secrets arrived: the sizes of those that
-/// did, largest first.
+/// did, `(entry, file, bytes)`, largest first.
 pub(super) fn too_large(
-    params: &MountParameters,
-    bundles: &[Option<vault::SecretBundle>],
+    fetched: &[(usize, FilePath, usize)],
     max_total_bytes: usize,
 ) -> MountError {
-    let mut sizes: Vec<(usize, usize)> = bundles
-        .iter()
-        .enumerate()
-        .filter_map(|(i, b)| b.as_ref().map(|b| (i, b.content.len())))
-        .collect();
-    sizes.sort_by_key(|(i, size)| (std::cmp::Reverse(*size), *i));
-    let total: usize = sizes.iter().map(|(_, s)| s).sum();
+    let mut sizes: Vec<&(usize, FilePath, usize)> = fetched.iter().collect();
+    sizes.sort_by_key(|(index, _, size)| (std::cmp::Reverse(*size), *index));
+    let total: usize = sizes.iter().map(|(_, _, s)| s).sum();
     let listed: Vec<String> = sizes
         .iter()
         .take(20)
-        .map(|(i, size)| {
-            let spec = &params.secrets[*i];
-            format!("secrets[{}] {} ({size} bytes)", spec.index, spec.path)
-        })
+        .map(|(index, path, size)| format!("secrets[{index}] {path} ({size} bytes)"))
         .collect();
     let more = sizes.len().saturating_sub(listed.len());
     let more = if more > 0 {
@@ -135,14 +131,16 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
 /// The longest failure message: it ends up in a pod event, and the driver logs it whole.
 pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
 
+/// The secret entries that failed, as one error: the most actionable status, each entry
+/// with its cause (at most [`MAX_MESSAGE_BYTES`]).
 pub(super) fn combine(
     params: &MountParameters,
-    mut failures: Vec<(usize, vault::VaultError)>,
+    mut failures: Vec<(&SecretSpec, vault::VaultError)>,
     abandoned: usize,
     identity: &auth::Identity,
 ) -> MountError {
     // The most actionable failures first, then in request order.
-    failures.sort_by_key(|(index, e)| (rank(vault_kind(e)), *index));
+    failures.sort_by_key(|(spec, e)| (rank(vault_kind(e)), spec.index));
     let kind = failures
         .first()
         .map(|(_, e)| vault_kind(e))
@@ -159,11 +157,11 @@ pub(super) fn combine(
     // Room for "; ... and N more" and the tail.
     let budget = MAX_MESSAGE_BYTES.saturating_sub(tail.len() + 32);
     let mut listed = 0;
-    for (index, err) in &failures {
+    for (spec, err) in &failures {
         let cause = format!(
-            "secrets[{}] {:?}: {}",
-            params.secrets[*index].index,
-            params.secrets[*index].source.display(),
+            "secrets[{}] {}: {}",
+            spec.index,
+            bounded::quote(spec.source.display()),
             chain(err)
         );
         let separator = if listed == 0 { "" } else { "; " };

@@ -1,59 +1,55 @@
-//! Answers into files: decoding, key extraction and the mount's size limit.
+//! A secret's answer into its files (its encoding removed, its `keys` extracted), the
+//! object versions of a mount, and the mount's one size check.
 
-use super::*;
+use std::collections::BTreeMap;
+
 use bounded::quote;
+use csi_grpc::{ErrorKind, File, FileContents, FileMode, FilePath, MountError, ObjectVersion};
 
-/// What a parse for keys holds of the byte budget while it runs (`None`: no process
-/// budget), from the content's length and the entry's index; refused when the budget or the
-/// namespace's share is used up.
-pub(super) type ParseReservation<'a> =
-    dyn Fn(usize, usize) -> Result<Option<Reservation>, MountError> + 'a;
+use super::contract::MountContext;
+use crate::params::{Encoding, SecretSpec};
 
-/// The mount's files from its bundles, in request order: whole secrets and extracted
-/// keys, each key copied only within the room left of `max_total_bytes`, each parse for
-/// keys first reserving what it may take (`reserve`).
-pub(super) fn assemble(
-    params: &MountParameters,
-    bundles: Vec<vault::SecretBundle>,
-    mode: csi_grpc::FileMode,
-    max_total_bytes: usize,
-    reserve: &ParseReservation<'_>,
-) -> Result<MountResponse, MountError> {
-    let object_versions = object_versions(params, &bundles);
-    let mut files = Vec::with_capacity(bundles.len());
-    // The bytes of the files so far: each extracted value is checked against the room
-    // left before it is copied.
-    let mut written = 0usize;
-    for (spec, bundle) in params.secrets.iter().zip(bundles) {
-        let index = spec.index;
-        // The bytes move from the bundle's zeroizing buffer into the file's; no copy (a
-        // decoded encoding is written to a new buffer, the encoded one wiped).
-        let mut content = decode(index, spec, bundle.content.into_inner())?;
-        let entry_mode = spec.mode.unwrap_or(mode);
-        if !spec.keys.is_empty() {
-            written += extract_keys(
-                index,
-                spec,
-                &content,
-                entry_mode,
-                &mut files,
-                max_total_bytes.saturating_sub(written),
-                reserve,
-            )?;
-        }
-        if spec.whole {
-            written += content.len();
-            files.push(File {
-                path: spec.path.clone(),
-                mode: entry_mode,
-                contents: FileContents::new(std::mem::take(&mut *content)),
-            });
-        }
+/// A secret entry's files from its bundle: the whole secret (decoded), and its `keys`, each
+/// copied only within `max_total_bytes`; a parse for keys first reserves what it may take
+/// from the byte budget (in `namespace`'s share) while it runs. The bytes move from the
+/// bundle's zeroizing buffer into the file's; a decoded encoding is written to a new buffer,
+/// the encoded one wiped.
+pub(super) fn secret_files(
+    spec: &SecretSpec,
+    content: zeroize::Zeroizing<Vec<u8>>,
+    mode: FileMode,
+    config: &MountContext,
+    namespace: &str,
+) -> Result<Vec<File>, MountError> {
+    let index = spec.index;
+    let mut content = decode(index, spec, content)?;
+    let entry_mode = spec.mode.unwrap_or(mode);
+    let mut files = Vec::with_capacity(spec.keys.len() + 1);
+    if !spec.keys.is_empty() {
+        let _parsing = config.reserve(
+            namespace,
+            content
+                .len()
+                .saturating_mul(crate::extract::PARSE_BYTES_PER_BYTE),
+            &format!("secrets[{index}]: reading its keys"),
+        )?;
+        extract_keys(
+            index,
+            spec,
+            &content,
+            entry_mode,
+            &mut files,
+            config.max_total_bytes,
+        )?;
     }
-    Ok(MountResponse {
-        files,
-        object_versions,
-    })
+    if spec.whole {
+        files.push(File {
+            path: spec.path.clone(),
+            mode: entry_mode,
+            contents: FileContents::new(std::mem::take(&mut *content)),
+        });
+    }
+    Ok(files)
 }
 
 /// The one check of a mount's size: its files together (secrets, extracted keys,
@@ -86,27 +82,23 @@ pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), M
     ))
 }
 
-/// The object version of each entry. The driver keys versions by id; one OCID mounted
-/// twice (two versions, two files) would collapse, so such ids carry the file path.
-fn object_versions(
-    params: &MountParameters,
-    bundles: &[vault::SecretBundle],
-) -> Vec<ObjectVersion> {
+/// The object versions of a mount's secret entries, each `(file, secret OCID, version)`.
+/// The driver keys versions by id; one OCID mounted twice (two versions, two files) would
+/// collapse, so such ids carry the file path.
+pub(super) fn object_versions(secrets: &[(&FilePath, &str, u64)]) -> Vec<ObjectVersion> {
     let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
-    for bundle in bundles {
-        *ids.entry(bundle.secret_id.as_str()).or_default() += 1;
+    for (_, id, _) in secrets {
+        *ids.entry(id).or_default() += 1;
     }
-    params
-        .secrets
+    secrets
         .iter()
-        .zip(bundles)
-        .map(|(spec, bundle)| ObjectVersion {
-            id: if ids.get(bundle.secret_id.as_str()).copied().unwrap_or(0) > 1 {
-                format!("{}/{}", bundle.secret_id, spec.path)
+        .map(|(path, id, version)| ObjectVersion {
+            id: if ids.get(id).copied().unwrap_or(0) > 1 {
+                format!("{id}/{path}")
             } else {
-                bundle.secret_id.clone()
+                (*id).to_owned()
             },
-            version: bundle.version_number.to_string(),
+            version: version.to_string(),
         })
         .collect()
 }
@@ -115,20 +107,16 @@ fn object_versions(
 /// answers the bytes written. Errors name the secret and the keys, and for content that
 /// does not parse only the position and kind. The parsed document is wiped as soon as the
 /// keys are taken.
-#[allow(clippy::too_many_arguments)] // reason: the entry, its content, and where files go
-pub(super) fn extract_keys(
+fn extract_keys(
     index: usize,
     spec: &SecretSpec,
     content: &[u8],
-    mode: csi_grpc::FileMode,
+    mode: FileMode,
     files: &mut Vec<File>,
     room: usize,
-    reserve: &ParseReservation<'_>,
 ) -> Result<usize, MountError> {
     use crate::extract::{ExtractError, parse, value_of, wipe};
     let secret = quote(spec.source.display());
-    // What the parse may take is held in the budget while it lasts.
-    let _parsing = reserve(content.len(), index)?;
     let document = parse(content, spec.format).map_err(|e| match e {
         ExtractError::Parse(why) => {
             let asked: Vec<String> = spec
@@ -184,7 +172,7 @@ pub(super) fn extract_keys(
 
 /// The entry's `encoding` removed. Failures name the entry and the encoding, never the
 /// content.
-pub(super) fn decode(
+fn decode(
     index: usize,
     spec: &SecretSpec,
     content: zeroize::Zeroizing<Vec<u8>>,

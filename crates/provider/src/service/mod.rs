@@ -1,181 +1,33 @@
-//! The mount service `csi-grpc` calls: parameters, then the identity, then the fetches
-//! (`fetch`) to the targets (`targets`), then the files (`files`); a failure says what
-//! failed (`failure`).
+//! The mount service `csi-grpc` calls: parameters, then the identity, then every entry at
+//! once (`fanout`, one entry by `entries`) to the targets (`targets`), their files
+//! (`files`); a failure says what failed (`failure`). What the service is built over and
+//! shares between mounts is `contract`. Only this module imports the others; they import
+//! `contract` and `failure`, which import none of them.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use csi_grpc::{
-    Caller, ErrorKind, File, FileContents, MountError, MountRequest, MountResponse, ObjectVersion,
-};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use csi_grpc::{Caller, ErrorKind, MountError, MountRequest, MountResponse};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
+mod contract;
+mod entries;
 mod failure;
-mod fetch;
+mod fanout;
 mod files;
 mod targets;
 
-use failure::*;
+pub use contract::{BundleResponse, IdentityService, MountContext, SecretsService};
+use entries::{EntryFiles, EntryVersion, MountRun};
+use failure::auth_error;
 pub(crate) use failure::{chain, grpc_kind};
-use files::*;
-use targets::{Targets, endpoint_error};
+use files::{check_size, object_versions};
+use targets::endpoint_error;
 
-use crate::budget::{Held, Metered, MountBytes, Refused, Reservation};
-use crate::failover::{ServedBy, WithFailover};
-use crate::params::{
-    AuthSpec, Encoding, MountParameters, SecretSource, SecretSpec, VersionSelector,
-};
-
-/// What the mount service needs of the identity service: `auth::Principals`, or any
-/// cloneable tower service from an [`auth::IdentityRequest`] to an [`auth::Established`]
-/// identity (a mock in tests). Every such service implements it.
-pub trait IdentityService:
-    Service<
-        auth::IdentityRequest,
-        Response = auth::Established,
-        Error = auth::AuthError,
-        Future = <Self as IdentityService>::IdentityFuture,
-    > + Clone
-    + Send
-    + Sync
-    + 'static
-{
-    /// The service's future.
-    type IdentityFuture: Future<Output = Result<auth::Established, auth::AuthError>>
-        + Send
-        + 'static;
-}
-
-impl<A> IdentityService for A
-where
-    A: Service<auth::IdentityRequest, Response = auth::Established, Error = auth::AuthError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    A::Future: Send + 'static,
-{
-    type IdentityFuture = A::Future;
-}
-
-/// What the mount service needs of the Secrets service's answer: the bundle, and whether
-/// it came from the cache. A bare `vault::SecretBundle` (a `VaultClient`, a test fake) was
-/// fetched; `cache::Cached` (a `CacheLayer` in front of the client) says.
-pub trait BundleResponse: crate::budget::Weigh + Send + 'static {
-    /// The bundle and how it was obtained.
-    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup);
-}
-
-impl BundleResponse for vault::SecretBundle {
-    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
-        (self, cache::Lookup::Fetched)
-    }
-}
-
-impl BundleResponse for cache::Cached<vault::SecretBundle> {
-    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
-        (self.value, self.lookup)
-    }
-}
-
-/// What the mount service needs of the Secrets fetch service: an entry's request to its
-/// primary region (and failover region) in, within the mount's byte bounds
-/// ([`crate::BudgetLayer`] under [`crate::FailoverLayer`]), the bundle held in the budget
-/// and the region that served it out. Every such service implements it.
-pub trait SecretsService:
-    Service<
-        WithFailover<Metered<vault::SecretRequest>>,
-        Response = (Held<<Self as SecretsService>::Bundle>, ServedBy),
-        Error = Refused<vault::VaultError>,
-        Future = <Self as SecretsService>::SecretsFuture,
-    > + Clone
-    + Send
-    + Sync
-    + 'static
-{
-    /// The bundle (and how it was looked up).
-    type Bundle: BundleResponse;
-    /// The service's future.
-    type SecretsFuture: Future<Output = Result<(Held<Self::Bundle>, ServedBy), Refused<vault::VaultError>>>
-        + Send
-        + 'static;
-}
-
-impl<V, B> SecretsService for V
-where
-    V: Service<
-            WithFailover<Metered<vault::SecretRequest>>,
-            Response = (Held<B>, ServedBy),
-            Error = Refused<vault::VaultError>,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    V::Future: Send + 'static,
-    B: BundleResponse,
-{
-    type Bundle = B;
-    type SecretsFuture = V::Future;
-}
-
-/// What every mount shares: its bounds, the operator's policy (allowed types and regions),
-/// the endpoints, and the runtime handles it reports to (the gate of tenant keys, the
-/// certificate-expiry gauge).
-#[derive(Clone, Debug)]
-pub struct MountContext {
-    /// Secrets of one mount fetched at once.
-    pub fan_out: usize,
-    /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
-    /// Checked as the secrets arrive: the mount fails as soon as it is passed.
-    pub max_total_bytes: usize,
-    /// Most entries in a mount's `secrets` list; the parser stops there.
-    pub max_secrets: usize,
-    /// Most files a mount writes, every kind counted; the parser stops there.
-    pub max_files: usize,
-    /// Where calls go: the principal's region, or the `region` / `failoverRegion` a class
-    /// names, as URLs.
-    pub endpoints: Arc<crate::endpoints::Endpoints>,
-    /// The `notAfter` of the certificates mounted lately (the expiry gauge).
-    pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
-    /// Regions (ids or short codes) a SecretProviderClass may name in `region` /
-    /// `failoverRegion` (`[auth] allowed_regions`); empty: any region the provider knows in
-    /// the principal's realm.
-    pub allowed_regions: Vec<String>,
-    /// The `authType`s a mount may use (`[auth] allowed_types`); others are
-    /// PermissionDenied before any upstream call.
-    pub allowed_types: Vec<crate::params::AuthType>,
-    /// The one gate of tenant private keys (`auth::Principals::tenant_keys`): certificate
-    /// keys are decoded through it, as user keys are.
-    pub tenant_keys: auth::TenantKeys,
-    /// The byte budget the fetches reserve from (the one given to [`crate::BudgetLayer`]):
-    /// the parse of a mount's parameters and of a secret read for `keys` reserve what they
-    /// may allocate from it, in the mount's namespace share, while they run. `None`: no
-    /// process budget.
-    pub byte_budget: Option<crate::ByteBudget>,
-}
-
-impl Default for MountContext {
-    fn default() -> Self {
-        Self {
-            fan_out: 8,
-            max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
-            max_secrets: crate::params::DEFAULT_MAX_SECRETS,
-            max_files: crate::params::DEFAULT_MAX_FILES,
-            endpoints: Arc::default(),
-            certificate_expiry: Arc::default(),
-            tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
-            allowed_types: crate::params::AuthType::ALL.to_vec(),
-            allowed_regions: Vec::new(),
-            byte_budget: None,
-        }
-    }
-}
+use crate::budget::MountBytes;
+use crate::params::{AuthSpec, MountParameters};
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
 /// fetched concurrently (bounded), all or nothing.
@@ -245,25 +97,6 @@ where
         ))
     }
 
-    /// `bytes` of the byte budget, for the mount's namespace, while `what` runs; `None`
-    /// without a process budget.
-    fn reserve(
-        &self,
-        namespace: &str,
-        bytes: usize,
-        what: &str,
-    ) -> Result<Option<Reservation>, MountError> {
-        let Some(budget) = &self.config.byte_budget else {
-            return Ok(None);
-        };
-        budget
-            .try_reserve_for(&Arc::from(namespace), bytes)
-            .map(Some)
-            .map_err(|refusal| {
-                MountError::new(ErrorKind::ResourceExhausted, format!("{what}: {refusal}"))
-            })
-    }
-
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
         let namespace = request.pod.namespace.as_deref().unwrap_or("");
         // What parsing the parameters may allocate is held in the budget while it runs.
@@ -272,7 +105,7 @@ where
             .iter()
             .map(|(key, value)| key.len() + value.len())
             .sum();
-        let parsing = self.reserve(
+        let parsing = self.config.reserve(
             namespace,
             attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
             "reading the SecretProviderClass parameters",
@@ -304,41 +137,60 @@ where
         )
         .await
         .map_err(auth_error)?;
-        let targets = self.targets(&params, &established)?;
-        let mount = MountBytes::new(
-            request.pod.namespace.as_deref().unwrap_or(""),
-            self.config.max_total_bytes,
-        );
-        // The reservations are held until the answer is assembled and handed on.
-        let (bundles, mut reservations) = self
-            .fetch_all(&params, &established, &targets, &mount, request.deadline)
-            .await?;
-        let keys_parse = |content: usize, index: usize| {
-            self.reserve(
-                namespace,
-                content.saturating_mul(crate::extract::PARSE_BYTES_PER_BYTE),
-                &format!("secrets[{index}]: reading its keys"),
-            )
+        let targets = targets::targets(&self.config, &params, &established)?;
+        let run = MountRun {
+            config: &self.config,
+            request: &request,
+            namespace,
+            mount: MountBytes::new(namespace, self.config.max_total_bytes),
+            permits: Arc::new(Semaphore::new(self.config.fan_out.max(1))),
         };
-        let mut response = assemble(
+        let entries = fanout::fetch_all(
+            &run,
+            (&self.secrets, &self.certificates),
             &params,
-            bundles,
-            request.file_mode,
-            self.config.max_total_bytes,
-            &keys_parse,
-        )?;
-        if !params.certificates.is_empty() {
-            let (files, versions, held) = self
-                .fetch_certificates(&params, &established, &targets, &mount, &request)
-                .await?;
-            reservations.extend(held);
-            response.files.extend(files);
-            response.object_versions.extend(versions);
-        }
-        check_size(&response.files, self.config.max_total_bytes)?;
-        drop(reservations);
-        Ok(response)
+            &established,
+            &targets,
+        )
+        .await?;
+        answer(entries, self.config.max_total_bytes)
     }
+}
+
+/// The mount's answer from its entries: the secrets' files then the certificates', each in
+/// the class's order, within the size the driver accepts; the reservations are held until
+/// the answer is assembled and handed on.
+fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountResponse, MountError> {
+    let (secrets, certificates): (Vec<_>, Vec<_>) = entries
+        .into_iter()
+        .partition(|entry| matches!(entry.version, EntryVersion::Secret { .. }));
+    let mut secret_versions = Vec::new();
+    let mut certificate_versions = Vec::new();
+    for entry in secrets.iter().chain(&certificates) {
+        match &entry.version {
+            EntryVersion::Secret {
+                path,
+                secret_id,
+                version,
+                ..
+            } => secret_versions.push((path, secret_id.as_str(), *version)),
+            EntryVersion::Certificate(version) => certificate_versions.push(version.clone()),
+        }
+    }
+    let mut object_versions = object_versions(&secret_versions);
+    object_versions.extend(certificate_versions);
+    let mut files = Vec::new();
+    let mut reservations = Vec::new();
+    for entry in secrets.into_iter().chain(certificates) {
+        files.extend(entry.files);
+        reservations.extend(entry.reservation);
+    }
+    check_size(&files, max_total_bytes)?;
+    drop(reservations);
+    Ok(MountResponse {
+        files,
+        object_versions,
+    })
 }
 
 /// What the identity service is asked for one mount: the class's principal and what the

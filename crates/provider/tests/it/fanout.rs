@@ -361,3 +361,49 @@ async fn each_entrys_primary_gets_half_the_time_left_when_the_entry_starts() {
     }
     assert!(requests[5].deadline > requests[0].deadline);
 }
+
+/// Secrets and certificates of one mount are fetched at once: the mount takes as long as
+/// the slower of the two, not their sum.
+#[tokio::test(start_paused = true)]
+async fn secrets_and_certificates_are_fetched_at_once() {
+    // The secret answers in 55 ms (the fake's 5 ms, then 50 more), the certificate in 50.
+    let vault = Vault::default().with(
+        "slow",
+        Behaviour::Late(Box::new(Behaviour::Bundle {
+            content: b"s".to_vec(),
+            secret_id: "ocid1.vaultsecret.oc1..slow".into(),
+            version: 1,
+        })),
+    );
+    let certs = crate::tenancy::Certs::new(
+        crate::tenancy::bundle("ocid1.certificate.oc1..c", crate::tenancy::self_signed()),
+        None,
+    )
+    .with_delay(std::time::Duration::from_millis(50));
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        certs.clone(),
+        crate::fakes::config(),
+        None,
+    );
+    let started = tokio::time::Instant::now();
+    let response = service
+        .oneshot(request(
+            "- name: slow\n- certificateId: ocid1.certificate.oc1..c\n",
+        ))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        response.files.len(),
+        2,
+        "the secret and tls.crt (a self-signed leaf: no ca.crt)"
+    );
+    assert_eq!(certs.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        took,
+        std::time::Duration::from_millis(55),
+        "the slower, not the sum"
+    );
+}

@@ -13,23 +13,31 @@ use tower::ServiceExt;
 use crate::fakes::{Auth, Behaviour, Vault};
 use crate::fanout::request;
 
-/// A Certificates service answering every request with one bundle, counting calls.
+/// A Certificates service answering every request with one bundle (after `delay`),
+/// counting calls.
 #[derive(Clone)]
-struct Certs {
+pub(crate) struct Certs {
     bundle: Arc<vault::CertificateBundle>,
-    calls: Arc<AtomicUsize>,
+    pub(crate) calls: Arc<AtomicUsize>,
     budget_seen: Arc<Mutex<Vec<usize>>>,
     budget: Option<ByteBudget>,
+    delay: std::time::Duration,
 }
 
 impl Certs {
-    fn new(bundle: vault::CertificateBundle, budget: Option<ByteBudget>) -> Self {
+    pub(crate) fn new(bundle: vault::CertificateBundle, budget: Option<ByteBudget>) -> Self {
         Self {
             bundle: Arc::new(bundle),
             calls: Arc::default(),
             budget_seen: Arc::default(),
             budget,
+            delay: std::time::Duration::ZERO,
         }
+    }
+
+    pub(crate) fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 }
 
@@ -52,14 +60,16 @@ impl tower::Service<vault::CertificateRequest> for Certs {
             self.budget_seen.lock().unwrap().push(budget.used());
         }
         let bundle = (*self.bundle).clone();
+        let delay = self.delay;
         Box::pin(async move {
             tokio::task::yield_now().await;
+            tokio::time::sleep(delay).await;
             Ok(bundle)
         })
     }
 }
 
-fn bundle(id: &str, certificate_pem: String) -> vault::CertificateBundle {
+pub(crate) fn bundle(id: &str, certificate_pem: String) -> vault::CertificateBundle {
     vault::CertificateBundle {
         id: id.into(),
         name: "web".into(),
@@ -76,7 +86,7 @@ fn bundle(id: &str, certificate_pem: String) -> vault::CertificateBundle {
     }
 }
 
-fn self_signed() -> String {
+pub(crate) fn self_signed() -> String {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     rcgen::CertificateParams::new(vec!["web.example.com".to_owned()])
         .unwrap()

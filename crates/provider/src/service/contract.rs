@@ -1,0 +1,179 @@
+//! What the mount service needs of the services it is built over (identity, Secrets
+//! fetches) and the bounds and policy every mount shares (`MountContext`). A leaf module: the
+//! others import from it, it imports none of them.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use csi_grpc::{ErrorKind, MountError};
+use tower::Service;
+
+use crate::budget::{Held, Metered, Refused, Reservation};
+use crate::failover::{ServedBy, WithFailover};
+
+/// What the mount service needs of the identity service: `auth::Principals`, or any
+/// cloneable tower service from an [`auth::IdentityRequest`] to an [`auth::Established`]
+/// identity (a mock in tests). Every such service implements it.
+pub trait IdentityService:
+    Service<
+        auth::IdentityRequest,
+        Response = auth::Established,
+        Error = auth::AuthError,
+        Future = <Self as IdentityService>::IdentityFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The service's future.
+    type IdentityFuture: Future<Output = Result<auth::Established, auth::AuthError>>
+        + Send
+        + 'static;
+}
+
+impl<A> IdentityService for A
+where
+    A: Service<auth::IdentityRequest, Response = auth::Established, Error = auth::AuthError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    A::Future: Send + 'static,
+{
+    type IdentityFuture = A::Future;
+}
+
+/// What the mount service needs of the Secrets service's answer: the bundle, and whether
+/// it came from the cache. A bare `vault::SecretBundle` (a `VaultClient`, a test fake) was
+/// fetched; `cache::Cached` (a `CacheLayer` in front of the client) says.
+pub trait BundleResponse: crate::budget::Weigh + Send + 'static {
+    /// The bundle and how it was obtained.
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup);
+}
+
+impl BundleResponse for vault::SecretBundle {
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
+        (self, cache::Lookup::Fetched)
+    }
+}
+
+impl BundleResponse for cache::Cached<vault::SecretBundle> {
+    fn into_parts(self) -> (vault::SecretBundle, cache::Lookup) {
+        (self.value, self.lookup)
+    }
+}
+
+/// What the mount service needs of the Secrets fetch service: an entry's request to its
+/// primary region (and failover region) in, within the mount's byte bounds
+/// ([`crate::BudgetLayer`] under [`crate::FailoverLayer`]), the bundle held in the budget
+/// and the region that served it out. Every such service implements it.
+pub trait SecretsService:
+    Service<
+        WithFailover<Metered<vault::SecretRequest>>,
+        Response = (Held<<Self as SecretsService>::Bundle>, ServedBy),
+        Error = Refused<vault::VaultError>,
+        Future = <Self as SecretsService>::SecretsFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The bundle (and how it was looked up).
+    type Bundle: BundleResponse;
+    /// The service's future.
+    type SecretsFuture: Future<Output = Result<(Held<Self::Bundle>, ServedBy), Refused<vault::VaultError>>>
+        + Send
+        + 'static;
+}
+
+impl<V, B> SecretsService for V
+where
+    V: Service<
+            WithFailover<Metered<vault::SecretRequest>>,
+            Response = (Held<B>, ServedBy),
+            Error = Refused<vault::VaultError>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    V::Future: Send + 'static,
+    B: BundleResponse,
+{
+    type Bundle = B;
+    type SecretsFuture = V::Future;
+}
+
+/// What every mount shares: its bounds, the operator's policy (allowed types and regions),
+/// the endpoints, and the runtime handles it reports to (the gate of tenant keys, the
+/// certificate-expiry gauge).
+#[derive(Clone, Debug)]
+pub struct MountContext {
+    /// Secrets of one mount fetched at once.
+    pub fan_out: usize,
+    /// Largest total size of a mount's files; the driver refuses responses above 4 MiB.
+    /// Checked as the secrets arrive: the mount fails as soon as it is passed.
+    pub max_total_bytes: usize,
+    /// Most entries in a mount's `secrets` list; the parser stops there.
+    pub max_secrets: usize,
+    /// Most files a mount writes, every kind counted; the parser stops there.
+    pub max_files: usize,
+    /// Where calls go: the principal's region, or the `region` / `failoverRegion` a class
+    /// names, as URLs.
+    pub endpoints: Arc<crate::endpoints::Endpoints>,
+    /// The `notAfter` of the certificates mounted lately (the expiry gauge).
+    pub certificate_expiry: Arc<crate::certificates::CertificateExpiry>,
+    /// Regions (ids or short codes) a SecretProviderClass may name in `region` /
+    /// `failoverRegion` (`[auth] allowed_regions`); empty: any region the provider knows in
+    /// the principal's realm.
+    pub allowed_regions: Vec<String>,
+    /// The `authType`s a mount may use (`[auth] allowed_types`); others are
+    /// PermissionDenied before any upstream call.
+    pub allowed_types: Vec<crate::params::AuthType>,
+    /// The one gate of tenant private keys (`auth::Principals::tenant_keys`): certificate
+    /// keys are decoded through it, as user keys are.
+    pub tenant_keys: auth::TenantKeys,
+    /// The byte budget the fetches reserve from (the one given to [`crate::BudgetLayer`]):
+    /// the parse of a mount's parameters and of a secret read for `keys` reserve what they
+    /// may allocate from it, in the mount's namespace share, while they run. `None`: no
+    /// process budget.
+    pub byte_budget: Option<crate::ByteBudget>,
+}
+
+impl MountContext {
+    /// `bytes` of the byte budget for `namespace` while `what` runs (a parse); `None`
+    /// without a process budget; refused (`ResourceExhausted` naming `what`) past the
+    /// budget or the namespace's share.
+    pub(crate) fn reserve(
+        &self,
+        namespace: &str,
+        bytes: usize,
+        what: &str,
+    ) -> Result<Option<Reservation>, MountError> {
+        let Some(budget) = &self.byte_budget else {
+            return Ok(None);
+        };
+        budget
+            .try_reserve_for(&Arc::from(namespace), bytes)
+            .map(Some)
+            .map_err(|refusal| {
+                MountError::new(ErrorKind::ResourceExhausted, format!("{what}: {refusal}"))
+            })
+    }
+}
+
+impl Default for MountContext {
+    fn default() -> Self {
+        Self {
+            fan_out: 8,
+            max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
+            max_secrets: crate::params::DEFAULT_MAX_SECRETS,
+            max_files: crate::params::DEFAULT_MAX_FILES,
+            endpoints: Arc::default(),
+            certificate_expiry: Arc::default(),
+            tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),
+            allowed_types: crate::params::AuthType::ALL.to_vec(),
+            allowed_regions: Vec::new(),
+            byte_budget: None,
+        }
+    }
+}
