@@ -15,7 +15,6 @@ where
     pub(super) async fn fetch_certificates(
         &self,
         params: &MountParameters,
-        established: &auth::Established,
         targets: &Targets,
         mount: &Arc<MountBytes>,
         request: &MountRequest,
@@ -28,8 +27,8 @@ where
             .map(|spec| {
                 let call = crate::certificates::request(
                     spec,
-                    &targets.primary.certificates,
-                    &established.session,
+                    &targets.primary.endpoints.certificates,
+                    &targets.primary.session,
                     request.deadline,
                 );
                 let fetch = CertificateFetch {
@@ -84,7 +83,7 @@ where
             .iter()
             .enumerate()
             .map(|(index, spec)| {
-                let (primary, failover) = secret_requests(spec, established, targets, deadline);
+                let (primary, failover) = secret_requests(spec, targets, deadline);
                 let span = tracing::info_span!(
                     "fetch secret",
                     entry = index,
@@ -201,13 +200,12 @@ impl Collected {
 /// left, so that the failover has time to answer.
 fn secret_requests(
     spec: &SecretSpec,
-    established: &auth::Established,
     targets: &Targets,
     deadline: tokio::time::Instant,
 ) -> (vault::SecretRequest, Option<(String, vault::SecretRequest)>) {
-    let request = |base_url: &str, source: &SecretSource, deadline| vault::SecretRequest {
-        base_url: base_url.to_owned(),
-        session: established.session.clone(),
+    let request = |target: &Target, source: &SecretSource, deadline| vault::SecretRequest {
+        base_url: target.endpoints.secrets.clone(),
+        session: target.session.clone(),
         secret: match source {
             SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
                 vault_id: vault_id.clone(),
@@ -225,8 +223,8 @@ fn secret_requests(
         .as_ref()
         .zip(spec.failover.as_ref())
         .map(|(target, source)| {
-            let again = request(&target.secrets, source, deadline);
-            (target.name().to_owned(), again)
+            let again = request(target, source, deadline);
+            (target.endpoints.name().to_owned(), again)
         });
     let primary_deadline = match failover {
         Some(_) => {
@@ -236,7 +234,7 @@ fn secret_requests(
         None => deadline,
     };
     (
-        request(&targets.primary.secrets, &spec.source, primary_deadline),
+        request(&targets.primary, &spec.source, primary_deadline),
         failover,
     )
 }

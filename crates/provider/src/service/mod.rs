@@ -24,7 +24,7 @@ mod targets;
 use failure::*;
 pub(crate) use failure::{chain, grpc_kind};
 use files::*;
-use targets::{Targets, endpoint_error};
+use targets::{Target, Targets, endpoint_error};
 
 use crate::budget::{Held, Metered, MountBytes, Refused, Reservation};
 use crate::failover::{ServedBy, WithFailover};
@@ -284,7 +284,7 @@ where
         )?;
         if !params.certificates.is_empty() {
             let (files, versions, held) = self
-                .fetch_certificates(&params, &established, &targets, &mount, &request)
+                .fetch_certificates(&params, &targets, &mount, &request)
                 .await?;
             reservations.extend(held);
             response.files.extend(files);
