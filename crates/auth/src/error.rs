@@ -176,35 +176,33 @@ pub enum AuthError {
     /// OCI answered 401 to a credential the principal renewed moments ago: it is not
     /// renewed again within the principal's cool-down (one renewal per cool-down, however
     /// many requests are refused), so this request fails.
-    #[error("oci refused the credentials of the {identity} (http 401{}), renewed {}s ago after \
-        a 401: they are renewed at most once every {}s, so the mount fails until then",
-        code.as_deref().map(|c| format!(", {c}")).unwrap_or_default(),
-        ago.as_secs(), cool_down.as_secs())]
+    #[error("oci refused the credentials of the {identity} (http 401{}), renewed {ago_secs}s \
+        ago after a 401: they are renewed at most once every {cool_down_secs}s, so the mount \
+        fails until then",
+        code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
     RenewedMomentsAgo {
         /// Whose credentials were refused.
         identity: Identity,
         /// OCI's error code, e.g. `NotAuthenticated`.
         code: Option<String>,
-        /// Since the last renewal.
-        ago: std::time::Duration,
-        /// The cool-down between two renewals after a 401.
-        cool_down: std::time::Duration,
+        /// Seconds since the last renewal.
+        ago_secs: u64,
+        /// The cool-down between two renewals after a 401, in seconds.
+        cool_down_secs: u64,
     },
     /// OCI answered 401 in a region other than the principal's own: the credential is kept
     /// for the requests of every other mount, and this request fails.
-    #[error("oci refused the credentials of the {identity} in region {region} (http 401{}); \
-        they were established in region {home}, where they are kept: is the tenancy \
-        subscribed to {region}?",
-        code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
+    #[error("oci refused the credentials of the {identity} in region {} (http 401{}); they \
+        were established in region {}, where they are kept: is the tenancy subscribed to {}?",
+        regions.0, code.as_deref().map(|c| format!(", {c}")).unwrap_or_default(), regions.1,
+        regions.0)]
     RefusedInRegion {
         /// Whose credentials were refused.
         identity: Identity,
         /// OCI's error code, e.g. `NotAuthenticated`.
         code: Option<String>,
-        /// The region the refused request went to.
-        region: regions::Region,
-        /// The principal's own region.
-        home: regions::Region,
+        /// The region the refused request went to, and the principal's own.
+        regions: Box<(regions::Region, regions::Region)>,
     },
     /// The provider configuration is unusable.
     #[error("invalid auth configuration: {0}")]

@@ -87,14 +87,13 @@ impl Invalidated {
             Invalidated::CoolingDown { ago, cool_down } => Some(AuthError::RenewedMomentsAgo {
                 identity: identity.clone(),
                 code,
-                ago: *ago,
-                cool_down: *cool_down,
+                ago_secs: ago.as_secs(),
+                cool_down_secs: cool_down.as_secs(),
             }),
             Invalidated::OtherRegion { region, home } => Some(AuthError::RefusedInRegion {
                 identity: identity.clone(),
                 code,
-                region: region.clone(),
-                home: home.clone(),
+                regions: Box::new((region.clone(), home.clone())),
             }),
             Invalidated::Dropped | Invalidated::Replaced | Invalidated::Fixed => None,
         }

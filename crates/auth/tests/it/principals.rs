@@ -1680,8 +1680,7 @@ async fn ten_instance_requests_refused_in_another_region_make_no_federation_and_
 /// once (one federation, the other requests join it), a 401 within the cool-down renews
 /// nothing and fails saying so, and after the cool-down a 401 renews again.
 #[tokio::test]
-async fn a_revoked_instance_token_is_renewed_once_per_cool_down_however_many_requests_are_refused()
-{
+async fn a_revoked_instance_token_is_renewed_once_per_cool_down_however_many_are_refused() {
     let fx = Arc::new(start(base_seed(), |_, _| {}).await);
     let established = fx
         .principals
