@@ -15,6 +15,7 @@ use tonic::Code;
 use crate::process::{Output, Provider};
 
 mod admission;
+mod instance;
 mod prometheus;
 
 const NAMESPACE: &str = "storm";
