@@ -1630,7 +1630,7 @@ fn renewals(fx: &Fixture, kind: &str, outcome: &str) -> u64 {
 /// (its tenancy is not subscribed there, say). Those requests fail; the node's session,
 /// which every other instance mount shares, stays.
 #[tokio::test]
-async fn ten_instance_requests_refused_in_another_region_make_no_federation_and_keep_the_session() {
+async fn ten_401s_from_another_region_make_no_federation_and_keep_the_instance_session() {
     let fx = start(base_seed(), |_, _| {}).await;
     let established = fx
         .principals
