@@ -352,8 +352,10 @@ pub fn sign_request(
 ///
 /// Each request must carry its [`Session`] in its extensions; it may also carry a
 /// [`SignatureProfile`] (default: standard) and a [`transport::Deadline`], within which a
-/// security token OCI refuses (HTTP 401) is renewed once through the session. Errors are
-/// boxed, as with other tower layers: this layer's own are [`AuthError`]; the inner
+/// security token OCI refuses (HTTP 401) is renewed once through the session, unless the
+/// session keeps it ([`crate::Invalidated`]: a 401 from a region other than the principal's
+/// own, or within the instance principal's cool-down), and then the request fails. Errors
+/// are boxed, as with other tower layers: this layer's own are [`AuthError`]; the inner
 /// service's pass through.
 #[derive(Clone, Debug)]
 pub struct SigningLayer {
