@@ -138,6 +138,12 @@ pub(super) struct FetchLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RenewalLabel {
+    kind: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct VerificationLabel {
     result: &'static str,
     reason: &'static str,
@@ -227,6 +233,19 @@ impl ScrapeSources {
                 op,
                 result,
             })?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "credential_renewals",
+            "What became of the 401s OCI answered to established credentials, by principal \
+             kind and outcome: renewed (the 401 dropped the credential for a new one), joined \
+             (another request's renewal served it), cooling_down (the instance session was \
+             renewed within the cool-down: kept, the mount failed), other_region (a region \
+             other than the principal's own: kept, the mount failed)",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((kind, outcome), n) in self.principals.credential_renewals() {
+            ConstCounter::new(n).encode(family.encode_family(&RenewalLabel { kind, outcome })?)?;
         }
         let mut family = encoder.encode_descriptor(
             "token_verifications",

@@ -16,6 +16,7 @@ use crate::process::{Output, Provider};
 
 mod admission;
 mod echoes;
+mod instance;
 mod prometheus;
 
 const NAMESPACE: &str = "storm";
@@ -1479,15 +1480,21 @@ async fn a_failing_primary_region_fails_over_and_a_refusal_does_not() {
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert_eq!(arrived() - before, 1);
-    // 401 (after the signing layer's one retry with a fresh token): no failover call.
+    // 401 of the primary, us-phoenix-1, which is not the principal's own region
+    // (us-ashburn-1): the mount fails, the session is neither renewed nor retried, and no
+    // failover call is made.
     let before = arrived();
-    emu.script(Endpoint::Secrets, [Fault::Status(401), Fault::Status(401)]);
+    emu.script(Endpoint::Secrets, [Fault::Status(401)]);
     let status = client
         .mount(failover_request(6, one, &[]))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-    assert_eq!(arrived() - before, 2);
+    assert!(
+        status.message().contains("in region us-phoenix-1"),
+        "{status:?}"
+    );
+    assert_eq!(arrived() - before, 1);
     let metrics = provider.metrics().await;
     assert_eq!(
         metric(

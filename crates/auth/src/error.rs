@@ -173,6 +173,37 @@ pub enum AuthError {
         /// A likely cause, e.g. a configured fingerprint that differs from the key's.
         hint: Option<String>,
     },
+    /// OCI answered 401 to a credential the principal renewed moments ago: it is not
+    /// renewed again within the principal's cool-down (one renewal per cool-down, however
+    /// many requests are refused), so this request fails.
+    #[error("oci refused the credentials of the {identity} (http 401{}), renewed {ago_secs}s \
+        ago after a 401: they are renewed at most once every {cool_down_secs}s, so the mount \
+        fails until then",
+        code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
+    RenewedMomentsAgo {
+        /// Whose credentials were refused.
+        identity: Identity,
+        /// OCI's error code, e.g. `NotAuthenticated`.
+        code: Option<String>,
+        /// Seconds since the last renewal.
+        ago_secs: u64,
+        /// The cool-down between two renewals after a 401, in seconds.
+        cool_down_secs: u64,
+    },
+    /// OCI answered 401 in a region other than the principal's own: the credential is kept
+    /// for the requests of every other mount, and this request fails.
+    #[error("oci refused the credentials of the {identity} in region {} (http 401{}); they \
+        were established in region {}, where they are kept: is the tenancy subscribed to {}?",
+        regions.0, code.as_deref().map(|c| format!(", {c}")).unwrap_or_default(), regions.1,
+        regions.0)]
+    RefusedInRegion {
+        /// Whose credentials were refused.
+        identity: Identity,
+        /// OCI's error code, e.g. `NotAuthenticated`.
+        code: Option<String>,
+        /// The region the refused request went to, and the principal's own.
+        regions: Box<(regions::Region, regions::Region)>,
+    },
     /// The provider configuration is unusable.
     #[error("invalid auth configuration: {0}")]
     Config(String),
@@ -347,6 +378,8 @@ impl AuthError {
             | AuthError::SessionKey(_)
             | AuthError::Internal(_) => ErrorKind::Internal,
             AuthError::Unauthorized { .. }
+            | AuthError::RenewedMomentsAgo { .. }
+            | AuthError::RefusedInRegion { .. }
             | AuthError::CannotRenew { .. }
             | AuthError::InvalidServiceAccountToken { .. }
             | AuthError::NoServiceAccountToken { .. } => ErrorKind::Unauthenticated,

@@ -40,10 +40,10 @@ pub use key::{KeyError, PrivateKey};
 pub use principals::load_user_secret_for_tests;
 pub use principals::{
     Caller, DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established,
-    IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
+    INSTANCE_RENEWAL_COOL_DOWN, IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
 };
 pub use remote::opc_request_id;
-pub use session::Session;
+pub use session::{Invalidated, Session};
 pub use signing::{BoxFuture, KeyId, SignedResponse, Signing, SigningKey, SigningLayer};
 pub use tenant_keys::{CertificateKey, TenantKeys};
 

@@ -352,8 +352,10 @@ pub fn sign_request(
 ///
 /// Each request must carry its [`Session`] in its extensions; it may also carry a
 /// [`SignatureProfile`] (default: standard) and a [`transport::Deadline`], within which a
-/// security token OCI refuses (HTTP 401) is renewed once through the session. Errors are
-/// boxed, as with other tower layers: this layer's own are [`AuthError`]; the inner
+/// security token OCI refuses (HTTP 401) is renewed once through the session, unless the
+/// session keeps it ([`crate::Invalidated`]: a 401 from a region other than the principal's
+/// own, or within the instance principal's cool-down), and then the request fails. Errors
+/// are boxed, as with other tower layers: this layer's own are [`AuthError`]; the inner
 /// service's pass through.
 #[derive(Clone, Debug)]
 pub struct SigningLayer {
@@ -431,12 +433,18 @@ where
             if !response.is_unauthorized() {
                 return Ok(response);
             }
-            session.invalidate(key.key_id()).await;
             let refused = |key: &SigningKey, response: &S::Response| AuthError::Unauthorized {
                 identity: identity.clone(),
                 code: response.error_code(),
                 hint: key.rejection_hint().map(str::to_owned),
             };
+            // The session decides what a 401 does to the credential it shares with other
+            // mounts: nothing when the request went to another region than the principal's
+            // own, or when the principal renewed it moments ago (then the request fails).
+            let invalidated = session.invalidate(key.key_id()).await;
+            if let Some(kept) = invalidated.refusal(&identity, response.error_code()) {
+                return Err(kept.into());
+            }
             // A security token may have been revoked or expired early: retry once with a
             // fresh one, within the request's deadline. A user key is not retried (the
             // Secret is read again by the next mount), nor a request without a deadline.
@@ -456,8 +464,13 @@ where
             let response =
                 sign_and_call(&mut inner, retry, &identity, &fresh, &clock, profile).await?;
             if response.is_unauthorized() {
-                session.invalidate(fresh.key_id()).await;
-                return Err(refused(&fresh, &response).into());
+                // Refused right after a renewal: within the cool-down, the renewed key is
+                // kept and the error says it was renewed moments ago.
+                let invalidated = session.invalidate(fresh.key_id()).await;
+                return Err(invalidated
+                    .refusal(&identity, response.error_code())
+                    .unwrap_or_else(|| refused(&fresh, &response))
+                    .into());
             }
             Ok(response)
         })

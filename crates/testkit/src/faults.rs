@@ -75,9 +75,11 @@ pub(crate) struct FaultPlan {
 
 impl FaultPlan {
     pub(crate) fn next(&mut self) -> Fault {
-        self.script
-            .pop_front()
-            .or_else(|| self.persistent.clone())
-            .unwrap_or(Fault::Pass)
+        self.scheduled().unwrap_or(Fault::Pass)
+    }
+
+    /// The next scripted fault, else the persistent one; `None` when the plan has neither.
+    pub(crate) fn scheduled(&mut self) -> Option<Fault> {
+        self.script.pop_front().or_else(|| self.persistent.clone())
     }
 }

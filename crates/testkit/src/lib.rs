@@ -400,9 +400,41 @@ impl EmulatorHandle {
             .persistent = fault;
     }
 
-    /// Removes every scripted and persistent fault of `endpoint`.
+    /// Appends faults consumed one per request sent to `host` at `endpoint` (its `Host`
+    /// without the port, e.g. `localhost` while another region's URL names `127.0.0.1`),
+    /// before any fault of the endpoint's own; once they and the host's persistent fault
+    /// are exhausted, the endpoint's own apply. One listener then answers as two regions.
+    pub fn script_host(
+        &self,
+        endpoint: Endpoint,
+        host: &str,
+        faults: impl IntoIterator<Item = Fault>,
+    ) {
+        self.shared
+            .state()
+            .host_faults
+            .entry((endpoint, host.to_owned()))
+            .or_default()
+            .script
+            .extend(faults);
+    }
+
+    /// Sets (or clears) a fault applied to every request sent to `host` at `endpoint` once
+    /// its host script is exhausted.
+    pub fn set_host_fault(&self, endpoint: Endpoint, host: &str, fault: Option<Fault>) {
+        self.shared
+            .state()
+            .host_faults
+            .entry((endpoint, host.to_owned()))
+            .or_default()
+            .persistent = fault;
+    }
+
+    /// Removes every scripted and persistent fault of `endpoint`, its hosts' included.
     pub fn clear_faults(&self, endpoint: Endpoint) {
-        self.shared.state().faults.remove(&endpoint);
+        let mut state = self.shared.state();
+        state.faults.remove(&endpoint);
+        state.host_faults.retain(|(e, _), _| *e != endpoint);
     }
 
     /// Releases every request held by a stall fault.

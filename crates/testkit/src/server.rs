@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
-use crate::faults::Fault;
+use crate::faults::{Fault, FaultPlan};
 use crate::state::Shared;
 use crate::stats::Endpoint;
 use crate::{handlers, oci_error};
@@ -361,9 +361,19 @@ async fn dispatch(
             IssuerDocument::Jwks => s.jwks_requests += 1,
         });
     }
-    let fault = match document {
-        Some(_) => shared.state().issuer_faults.next(),
-        None => shared.state().faults.entry(endpoint).or_default().next(),
+    let fault = {
+        let mut state = shared.state();
+        let by_host = host(&parts).and_then(|host| {
+            state
+                .host_faults
+                .get_mut(&(endpoint, host))
+                .and_then(FaultPlan::scheduled)
+        });
+        match (document, by_host) {
+            (Some(_), _) => state.issuer_faults.next(),
+            (None, Some(fault)) => fault,
+            (None, None) => state.faults.entry(endpoint).or_default().next(),
+        }
     };
 
     if let Some(gate) = shared.gates.get(&endpoint) {
@@ -426,6 +436,22 @@ async fn dispatch(
         _ => reply,
     };
     finish(&shared, endpoint, reply, &rid, fault, in_flight)
+}
+
+/// The host name a request was sent to (HTTP/2's `:authority`, else `Host`), without the
+/// port: which region's name of the listener the client used.
+fn host(parts: &http::request::Parts) -> Option<String> {
+    let authority = match parts.uri.authority() {
+        Some(authority) => authority.clone(),
+        None => parts
+            .headers
+            .get(http::header::HOST)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()?,
+    };
+    Some(authority.host().to_owned())
 }
 
 /// One of the service-account issuer's documents the Kubernetes endpoint serves.

@@ -181,6 +181,9 @@ pub(crate) struct State {
     pub(crate) ca_bundles: Vec<crate::certs::CaSeed>,
     pub(crate) certificate_calls: Vec<crate::certs::CertificateCall>,
     pub(crate) faults: BTreeMap<Endpoint, FaultPlan>,
+    /// Faults of the requests to one host name of an endpoint (its `Host`, without the
+    /// port), before the endpoint's own: one listener answering as several regions.
+    pub(crate) host_faults: BTreeMap<(Endpoint, String), FaultPlan>,
     /// Faults of the service-account issuer's two documents at the Kubernetes endpoint,
     /// apart from the endpoint's own.
     pub(crate) issuer_faults: FaultPlan,
@@ -335,6 +338,7 @@ impl Shared {
             revoked: BTreeSet::new(),
             secrets_calls: Vec::new(),
             faults: BTreeMap::new(),
+            host_faults: BTreeMap::new(),
             issuer_faults: FaultPlan::default(),
             issuer_keys: vec![jwt.clone()],
             http1_only: BTreeSet::new(),

@@ -11,9 +11,10 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, Request, StatusCode};
 use zeroize::Zeroizing;
 
-use super::{Inner, fresh, session_key};
+use super::{INSTANCE_RENEWAL_COOL_DOWN, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
 use crate::remote::{build, error_detail, send};
+use crate::session::Invalidated;
 use crate::signing::{BoxFuture, KeyId, SignatureProfile, SigningKey, sign_request};
 use crate::{Credential, Identity, PrivateKey, jwt};
 use regions::Region;
@@ -57,12 +58,14 @@ pub(super) async fn establish(
             session.credential,
             session.key,
             Arc::new(Renewal(Arc::clone(inner))),
+            Some(region.clone()),
         ),
     })
 }
 
-/// How an established instance session renews after OCI refuses its token: the node has
-/// one, federated again (single flight) unless another request already did.
+/// How an established instance session renews after OCI refuses its token in the
+/// principal's own region: the node has one, federated again (single flight) unless
+/// another request already did, at most once per [`INSTANCE_RENEWAL_COOL_DOWN`].
 pub(super) struct Renewal(Arc<Inner>);
 
 impl std::fmt::Debug for Renewal {
@@ -72,14 +75,40 @@ impl std::fmt::Debug for Renewal {
 }
 
 impl crate::session::Renew for Renewal {
-    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, Invalidated> {
         Box::pin(async move {
-            if let Some(session) = self.0.instance.get(&()).await
-                && session.key.key_id().expose_secret() == rejected.expose_secret()
-            {
-                session.invalidated.store(true, Ordering::Relaxed);
-                tracing::debug!("instance session invalidated after a 401 from oci");
+            let inner = &self.0;
+            // No session cached: a renewal dropped it and is federating (the cache's single
+            // flight joins it), or it expired (then the renewal is the one any mount makes).
+            let Some(session) = inner.instance.get(&()).await else {
+                return Invalidated::Replaced;
+            };
+            if session.key.key_id().expose_secret() != rejected.expose_secret() {
+                return Invalidated::Replaced;
             }
+            let now = inner.now();
+            // The check and the drop under one lock: of a burst of 401s for one token,
+            // exactly one drops it and the others join its renewal.
+            let mut renewed = super::lock(&inner.instance_renewed);
+            if session.invalidated.load(Ordering::Relaxed) {
+                return Invalidated::Replaced;
+            }
+            if let Some(ago) = renewed.and_then(|at| now.duration_since(at).ok())
+                && ago < INSTANCE_RENEWAL_COOL_DOWN
+            {
+                tracing::debug!(
+                    ?ago,
+                    "instance session kept after a 401: renewed moments ago"
+                );
+                return Invalidated::CoolingDown {
+                    ago,
+                    cool_down: INSTANCE_RENEWAL_COOL_DOWN,
+                };
+            }
+            *renewed = Some(now);
+            session.invalidated.store(true, Ordering::Relaxed);
+            tracing::debug!("instance session invalidated after a 401 from oci");
+            Invalidated::Dropped
         })
     }
 
@@ -88,6 +117,10 @@ impl crate::session::Renew for Renewal {
         deadline: tokio::time::Instant,
     ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
         Box::pin(async move { Ok(Some(session(&self.0, deadline).await?.key)) })
+    }
+
+    fn count(&self, invalidated: &Invalidated) {
+        self.0.count_renewal("instance", invalidated);
     }
 }
 

@@ -32,6 +32,12 @@ use crate::{AuthError, Identity, Session};
 /// service-account token is only sent if it is valid for longer.
 pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 
+/// The least time between two renewals of the instance principal's session after a 401: a
+/// renewal costs three instance metadata calls, an RSA key and a federation, and every mount
+/// of the node shares the session, so a token OCI keeps refusing is renewed at most twice a
+/// minute (the mounts in between fail `Unauthenticated` saying so). Expiry renews regardless.
+pub const INSTANCE_RENEWAL_COOL_DOWN: Duration = Duration::from_secs(30);
+
 /// The default instance metadata base URL (spec 4.1). Tests must never use it.
 pub const DEFAULT_INSTANCE_METADATA: &str = "http://169.254.169.254/opc/v2";
 
@@ -316,8 +322,12 @@ struct Inner {
     issuer: crate::issuer::Issuer,
     instance: Cache<(), instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
+    /// When a 401 last dropped the instance session: the cool-down runs from here.
+    instance_renewed: std::sync::Mutex<Option<SystemTime>>,
     /// Credential fetches by (kind, exchange | refresh, ok | error).
     fetches: std::sync::Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
+    /// What became of 401s by (kind, outcome): [`crate::session::Invalidated::label`].
+    renewals: std::sync::Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
 impl fmt::Debug for Principals {
@@ -343,10 +353,20 @@ impl Principals {
     /// Credential fetches so far: (kind `rpst` | `instance` | `user`, `exchange` | `refresh`,
     /// `ok` | `error`) → count.
     pub fn credential_fetches(&self) -> Vec<((&'static str, &'static str, &'static str), u64)> {
-        self.inner
-            .fetches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner.fetches)
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+
+    /// What became of the 401s OCI answered to established sessions: (kind `rpst` |
+    /// `instance` | `user`, outcome) → count. The outcome is `renewed` (the 401 dropped the
+    /// credential: renewed at once, a user key read again by the next mount), `joined`
+    /// (another request's renewal served it), `cooling_down` (the instance session was
+    /// renewed within [`INSTANCE_RENEWAL_COOL_DOWN`]: kept, the request failed) or
+    /// `other_region` (a region other than the principal's own: kept, the request failed).
+    pub fn credential_renewals(&self) -> Vec<((&'static str, &'static str), u64)> {
+        lock(&self.inner.renewals)
             .iter()
             .map(|(k, v)| (*k, *v))
             .collect()
@@ -434,7 +454,9 @@ impl Principals {
                 issuer,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),
+                instance_renewed: std::sync::Mutex::new(None),
                 fetches: std::sync::Mutex::new(BTreeMap::new()),
+                renewals: std::sync::Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -476,13 +498,15 @@ impl Inner {
         let result = work.await;
         let op = if refresh { "refresh" } else { "exchange" };
         let outcome = if result.is_ok() { "ok" } else { "error" };
-        *self
-            .fetches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry((kind, op, outcome))
-            .or_default() += 1;
+        *lock(&self.fetches).entry((kind, op, outcome)).or_default() += 1;
         result
+    }
+
+    /// Counts what became of a 401 of a `kind` session.
+    fn count_renewal(&self, kind: &'static str, invalidated: &crate::session::Invalidated) {
+        *lock(&self.renewals)
+            .entry((kind, invalidated.label()))
+            .or_default() += 1;
     }
 
     fn kube(&self) -> Result<&KubeApi, AuthError> {
@@ -514,6 +538,13 @@ impl tower::Service<IdentityRequest> for Principals {
         let principals = self.clone();
         Box::pin(async move { principals.establish(&request).await })
     }
+}
+
+/// A counter map's lock: a panic while one was held leaves counts, which stay usable.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether a token expiring at `exp` (seconds since the epoch) is still good at `now`.

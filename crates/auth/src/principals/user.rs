@@ -11,6 +11,7 @@ use zeroize::Zeroizing;
 
 use super::{IdentityRequest, Inner};
 use crate::error::{AuthError, UserSecretError};
+use crate::session::Invalidated;
 use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, PrivateKey};
 use regions::Region;
@@ -166,6 +167,7 @@ pub(super) async fn establish(
                 inner: Arc::clone(inner),
                 secret: (namespace.to_owned(), secret_name.to_owned()),
             }),
+            Some(loaded.region.clone()),
         ),
     })
 }
@@ -188,13 +190,16 @@ impl fmt::Debug for Renewal {
 }
 
 impl crate::session::Renew for Renewal {
-    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, Invalidated> {
         Box::pin(async move {
             let same =
                 |user: &UserKey| user.key.key_id().expose_secret() == rejected.expose_secret();
-            self.inner.users.invalidate_if(&self.secret, same).await;
+            if !self.inner.users.invalidate_if(&self.secret, same).await {
+                return Invalidated::Replaced;
+            }
             tracing::debug!(namespace = %self.secret.0, secret = %self.secret.1,
                 "user key dropped after a 401 from oci");
+            Invalidated::Dropped
         })
     }
 
@@ -203,6 +208,10 @@ impl crate::session::Renew for Renewal {
         _deadline: tokio::time::Instant,
     ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
         Box::pin(std::future::ready(Ok(None)))
+    }
+
+    fn count(&self, invalidated: &Invalidated) {
+        self.inner.count_renewal("user", invalidated);
     }
 }
 

@@ -16,6 +16,7 @@ use super::{IdentityRequest, Inner, fresh, session_key};
 use crate::error::{AuthError, Endpoint};
 use crate::issuer::{NBF_LEEWAY, Refusal, Unverified};
 use crate::remote::{build, error_detail, opc_request_id, send};
+use crate::session::Invalidated;
 use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, Identity, jwt};
 
@@ -231,6 +232,7 @@ pub(super) async fn establish(
                 inner: Arc::clone(inner),
                 current: session,
             }),
+            inner.region.clone(),
         ),
     })
 }
@@ -291,8 +293,10 @@ impl std::fmt::Debug for Renewal {
 
 impl crate::session::Renew for Renewal {
     /// The cached session stays (its service-account token renews it), marked unusable, if
-    /// it still signs with the refused key.
-    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, ()> {
+    /// it still signs with the refused key. No cool-down: the session is this identity's
+    /// alone, so a renewal costs only the tenant whose token OCI refused (one exchange per
+    /// refused request at most).
+    fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, Invalidated> {
         Box::pin(async move {
             let identity = &self.current.identity;
             let Identity::Workload {
@@ -301,15 +305,21 @@ impl crate::session::Renew for Renewal {
                 ..
             } = identity
             else {
-                return;
+                return Invalidated::Replaced;
             };
             let key = (namespace.clone(), service_account.clone());
-            if let Some(session) = self.inner.workloads.get(&key).await
-                && &session.identity == identity
-                && session.key.key_id().expose_secret() == rejected.expose_secret()
-            {
-                session.invalidated.store(true, Ordering::Relaxed);
-                tracing::debug!(%identity, "workload session invalidated after a 401 from oci");
+            match self.inner.workloads.get(&key).await {
+                Some(session)
+                    if &session.identity == identity
+                        && session.key.key_id().expose_secret() == rejected.expose_secret() =>
+                {
+                    if session.invalidated.swap(true, Ordering::Relaxed) {
+                        return Invalidated::Replaced;
+                    }
+                    tracing::debug!(%identity, "workload session invalidated after a 401 from oci");
+                    Invalidated::Dropped
+                }
+                _ => Invalidated::Replaced,
             }
         })
     }
@@ -319,6 +329,10 @@ impl crate::session::Renew for Renewal {
         deadline: tokio::time::Instant,
     ) -> BoxFuture<'_, Result<Option<SigningKey>, AuthError>> {
         Box::pin(async move { renew(&self.inner, &self.current, deadline).await.map(Some) })
+    }
+
+    fn count(&self, invalidated: &Invalidated) {
+        self.inner.count_renewal("rpst", invalidated);
     }
 }
 

@@ -1575,8 +1575,211 @@ async fn a_refused_instance_token_is_renewed_once_then_is_unauthenticated() {
     let error = auth_error(get_by_name(&fx, &established).await.unwrap_err());
     assert_eq!(error.kind(), ErrorKind::Unauthenticated);
     assert!(error.to_string().contains("instance principal"), "{error}");
-    // Renewed once in between: a second federation.
-    assert_eq!(fx.emu.stats().responses(Endpoint::Secrets, 401), 2);
+    // Renewed once in between: a second federation. The renewed token, refused at once,
+    // is kept: it was renewed moments ago (the cool-down), and the error says so.
+    assert!(error.to_string().contains("renewed 0s ago"), "{error}");
+    let stats = fx.emu.stats();
+    assert_eq!(stats.responses(Endpoint::Secrets, 401), 2);
+    assert_eq!(stats.federations, 2);
+    assert_eq!(renewals(&fx, "instance", "renewed"), 1);
+    assert_eq!(renewals(&fx, "instance", "cooling_down"), 1);
+}
+
+/// A signed GetSecretBundleByName to `base` with `session` (the region it goes to already
+/// told), within the default deadline.
+async fn get_by_name_at(
+    fx: &Fixture,
+    session: &oci_csi_auth::Session,
+    base: &str,
+) -> Result<Response<Bytes>, BoxError> {
+    let service = SigningLayer::new(fx.clock.clone()).layer(fx.http.clone());
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(format!(
+            "{base}/20190301/secretbundles/actions/getByName?secretName={SECRET}&stage=CURRENT&vaultId={VAULT}"
+        ))
+        .body(Bytes::new())
+        .unwrap();
+    request.extensions_mut().insert(session.clone());
+    request.extensions_mut().insert(Deadline(deadline()));
+    service.oneshot(request).await
+}
+
+/// The emulator's Secrets listener under another host name: how the tests reach "another
+/// region" (`us-phoenix-1`), whose faults `script_host` and `set_host_fault` scope.
+fn other_region_url(fx: &Fixture) -> String {
+    format!(
+        "https://localhost:{}",
+        fx.emu.addr(Endpoint::Secrets).port()
+    )
+}
+
+fn phoenix() -> regions::Region {
+    regions::Regions::default().resolve("phx").unwrap()
+}
+
+fn renewals(fx: &Fixture, kind: &str, outcome: &str) -> u64 {
+    fx.principals
+        .credential_renewals()
+        .into_iter()
+        .find(|((k, o), _)| *k == kind && *o == outcome)
+        .map_or(0, |(_, n)| n)
+}
+
+/// The issue's storm: a tenant names a region whose Secrets API refuses the node's token
+/// (its tenancy is not subscribed there, say). Those requests fail; the node's session,
+/// which every other instance mount shares, stays.
+#[tokio::test]
+async fn ten_401s_from_another_region_make_no_federation_and_keep_the_instance_session() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let established = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    assert_eq!(fx.emu.stats().federations, 1);
+    fx.emu
+        .set_host_fault(Endpoint::Secrets, "localhost", Some(Fault::Status(401)));
+    let abroad = established.session.toward(Some(&phoenix()));
+    for _ in 0..10 {
+        let error = auth_error(
+            get_by_name_at(&fx, &abroad, &other_region_url(&fx))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+        let message = error.to_string();
+        assert!(
+            message.contains("instance principal")
+                && message.contains("in region us-phoenix-1")
+                && message.contains("established in region us-ashburn-1"),
+            "{message}"
+        );
+        assert!(!message.contains("ST$"), "{message}");
+    }
+    let stats = fx.emu.stats();
+    assert_eq!(stats.responses(Endpoint::Secrets, 401), 10, "no retries");
+    assert_eq!(
+        stats.federations, 1,
+        "no federation for another region's 401s"
+    );
+    assert_eq!(renewals(&fx, "instance", "other_region"), 10);
+    // The next mount in the principal's own region is served from the same session.
+    let again = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    assert_eq!(again.session, established.session);
+    assert_eq!(get_by_name(&fx, &again).await.unwrap().status(), 200);
+    assert_eq!(fx.emu.stats().federations, 1);
+    assert_eq!(renewals(&fx, "instance", "renewed"), 0);
+}
+
+/// A genuine revocation in the principal's own region: a burst of 401s renews the session
+/// once (one federation, the other requests join it), a 401 within the cool-down renews
+/// nothing and fails saying so, and after the cool-down a 401 renews again.
+#[tokio::test]
+async fn a_revoked_instance_token_is_renewed_once_per_cool_down_however_many_are_refused() {
+    let fx = Arc::new(start(base_seed(), |_, _| {}).await);
+    let established = fx
+        .principals
+        .establish(&request(PrincipalKind::Instance, SA))
+        .await
+        .unwrap();
+    fx.emu.expire_all_tokens();
+    // The federation waits at the gate until all ten requests have been refused.
+    fx.emu.close_gate(Endpoint::Auth);
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let fx = fx.clone();
+            let established = established.clone();
+            tokio::spawn(async move { get_by_name(&fx, &established).await.map(|r| r.status()) })
+        })
+        .collect();
+    fx.emu
+        .wait_for(WAIT, |s| {
+            s.responses(Endpoint::Secrets, 401) == 10 && s.held(Endpoint::Auth) == 1
+        })
+        .await
+        .unwrap();
+    fx.emu.open_gate(Endpoint::Auth);
+    for request in burst {
+        assert_eq!(request.await.unwrap().unwrap(), 200);
+    }
+    let stats = fx.emu.stats();
+    assert_eq!(stats.federations, 2, "one renewal for the burst");
+    assert_eq!(stats.responses(Endpoint::Secrets, 200), 10);
+    assert_eq!(renewals(&fx, "instance", "renewed"), 1);
+    assert_eq!(renewals(&fx, "instance", "joined"), 9);
+
+    // A later mount is refused again within the cool-down: no federation, the request
+    // fails saying why.
+    fx.emu.expire_all_tokens();
+    fx.clock
+        .advance(oci_csi_auth::INSTANCE_RENEWAL_COOL_DOWN - Duration::from_secs(1));
+    let next = |fx: Arc<Fixture>| async move {
+        let established = fx
+            .principals
+            .establish(&request(PrincipalKind::Instance, SA))
+            .await
+            .unwrap();
+        get_by_name(&fx, &established).await
+    };
+    let error = auth_error(next(fx.clone()).await.unwrap_err());
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated);
+    let message = error.to_string();
+    assert!(
+        message.contains("instance principal") && message.contains("renewed 29s ago"),
+        "{message}"
+    );
+    assert!(!message.contains("ST$"), "{message}");
+    assert_eq!(fx.emu.stats().federations, 2);
+    assert_eq!(renewals(&fx, "instance", "cooling_down"), 1);
+
+    // After the cool-down, the next 401 renews again, once.
+    fx.clock.advance(Duration::from_secs(1));
+    assert_eq!(next(fx.clone()).await.unwrap().status(), 200);
+    assert_eq!(fx.emu.stats().federations, 3);
+    assert_eq!(renewals(&fx, "instance", "renewed"), 2);
+    assert_eq!(renewals(&fx, "instance", "cooling_down"), 1);
+}
+
+/// The same rule for workload identity: its session is the tenant's own, but a region the
+/// class names still says nothing about the token, so it is neither dropped nor exchanged.
+#[tokio::test]
+async fn a_workload_401_in_another_region_keeps_its_session_and_makes_no_exchange() {
+    let fx = start(base_seed(), |_, _| {}).await;
+    let token = sa_token(&fx, SA, Duration::from_secs(3600));
+    let established = fx
+        .principals
+        .establish(&with_token(request(PrincipalKind::Workload, SA), token))
+        .await
+        .unwrap();
+    fx.emu
+        .script_host(Endpoint::Secrets, "localhost", [Fault::Status(401)]);
+    let abroad = established.session.toward(Some(&phoenix()));
+    let error = auth_error(
+        get_by_name_at(&fx, &abroad, &other_region_url(&fx))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        matches!(error, AuthError::RefusedInRegion { .. }),
+        "{error}"
+    );
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
+    assert_eq!(renewals(&fx, "rpst", "other_region"), 1);
+    // The host's script is spent: the same session is served there now, and at home.
+    assert_eq!(
+        get_by_name_at(&fx, &abroad, &other_region_url(&fx))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(get_by_name(&fx, &established).await.unwrap().status(), 200);
+    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
 }
 
 #[tokio::test]

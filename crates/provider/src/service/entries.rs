@@ -12,7 +12,7 @@ use tower::ServiceExt;
 use super::contract::{BundleResponse, MountContext, SecretsService};
 use super::failure::{over_limit, refused_error, vault_kind};
 use super::files::secret_files;
-use super::targets::Targets;
+use super::targets::{Target, Targets};
 use crate::budget::{Metered, MountBytes, Refused, Reservation};
 use crate::certificates::CertificateService;
 use crate::failover::WithFailover;
@@ -207,13 +207,12 @@ pub(super) async fn certificate_entry<C: CertificateService>(
 /// halved when the entry starts: [`secret_entry`]).
 pub(super) fn secret_requests(
     spec: &SecretSpec,
-    established: &auth::Established,
     targets: &Targets,
     deadline: tokio::time::Instant,
 ) -> (vault::SecretRequest, Option<(String, vault::SecretRequest)>) {
-    let request = |base_url: &str, source: &SecretSource| vault::SecretRequest {
-        base_url: base_url.to_owned(),
-        session: established.session.clone(),
+    let request = |target: &Target, source: &SecretSource| vault::SecretRequest {
+        base_url: target.endpoints.secrets.clone(),
+        session: target.session.clone(),
         secret: match source {
             SecretSource::Name { name, vault_id } => vault::SecretRef::ByName {
                 vault_id: vault_id.clone(),
@@ -230,8 +229,11 @@ pub(super) fn secret_requests(
         .failover
         .as_ref()
         .zip(spec.failover.as_ref())
-        .map(|(target, source)| (target.name().to_owned(), request(&target.secrets, source)));
-    (request(&targets.primary.secrets, &spec.source), failover)
+        .map(|(target, source)| {
+            let again = request(target, source);
+            (target.endpoints.name().to_owned(), again)
+        });
+    (request(&targets.primary, &spec.source), failover)
 }
 
 fn selector(selector: &VersionSelector) -> vault::Selector {

@@ -32,7 +32,7 @@ pub(super) async fn fetch_all<V: SecretsService, C: CertificateService>(
     established: &auth::Established,
     targets: &Targets,
 ) -> Result<Vec<EntryFiles>, MountError> {
-    let pending = start(run, services, params, established, targets);
+    let pending = start(run, services, params, targets);
     let mut entries = gather(run, params, established, pending).await?;
     entries.sort_by_key(|entry| entry.index);
     log_shared(established.credential(), &entries);
@@ -44,7 +44,6 @@ fn start<'a, V: SecretsService, C: CertificateService>(
     run: &'a MountRun<'_>,
     (secrets, certificates): (&V, &C),
     params: &'a MountParameters,
-    established: &auth::Established,
     targets: &Targets,
 ) -> FuturesUnordered<Running<'a>> {
     let deadline = run.request.deadline;
@@ -59,7 +58,7 @@ fn start<'a, V: SecretsService, C: CertificateService>(
             oci.request_id = tracing::field::Empty,
             error.kind = tracing::field::Empty,
         );
-        let requests = secret_requests(spec, established, targets, deadline);
+        let requests = secret_requests(spec, targets, deadline);
         let secrets = secrets.clone();
         let recorded = span.clone();
         let entry = async move {
@@ -79,8 +78,8 @@ fn start<'a, V: SecretsService, C: CertificateService>(
         );
         let call = crate::certificates::request(
             spec,
-            &targets.primary.certificates,
-            &established.session,
+            &targets.primary.endpoints.certificates,
+            &targets.primary.session,
             deadline,
         );
         let certificates = certificates.clone();

@@ -76,7 +76,14 @@ pub(super) fn targets(
             Some(target)
         }
     };
-    Ok(Targets { primary, failover })
+    let target = |endpoints: RegionEndpoints| Target {
+        session: established.session.toward(endpoints.region.as_ref()),
+        endpoints,
+    };
+    Ok(Targets {
+        primary: target(primary),
+        failover: failover.map(target),
+    })
 }
 
 /// `[auth] allowed_regions`, when set, lists every region a mount may contact.
@@ -121,7 +128,18 @@ pub(super) fn endpoint_error(err: crate::endpoints::EndpointError) -> MountError
 pub(super) struct Targets {
     /// The primary region: every Secrets call first, and every Certificates call
     /// (certificate entries do not fail over).
-    pub(super) primary: RegionEndpoints,
+    pub(super) primary: Target,
     /// The failover region, if the class names one.
-    pub(super) failover: Option<RegionEndpoints>,
+    pub(super) failover: Option<Target>,
+}
+
+/// One region's endpoints and the mount's session for requests to them.
+pub(super) struct Target {
+    pub(super) endpoints: RegionEndpoints,
+    /// The established session told the region its requests go to: the region is decided
+    /// here, where the URL is, not by the signing layer from a host (the operator's
+    /// overrides may map regions to any host). A 401 from a region the class named, other
+    /// than the principal's own, then fails that request and leaves the credential every
+    /// other mount shares alone (`auth::Session::toward`).
+    pub(super) session: auth::Session,
 }
