@@ -354,9 +354,34 @@ fn files_in_order(params: &MountParameters) -> Vec<Value> {
                 .iter()
                 .map(|c| (c.index, describe_certificate(c))),
         )
+        .chain(
+            params
+                .templates
+                .iter()
+                .map(|t| (t.index, describe_template(t))),
+        )
         .collect();
     files.sort_by_key(|(index, _)| *index);
     files.into_iter().flat_map(|(_, f)| f).collect()
+}
+
+/// The file of a template entry, as `check` prints it: what it reads.
+fn describe_template(spec: &provider::TemplateSpec) -> Vec<Value> {
+    let mut reads: Vec<&str> = spec.reads.iter().map(|(f, _, _)| f.as_str()).collect();
+    reads.dedup();
+    let mode = match spec.mode {
+        Some(m) => Value::String(format!("{:04o}", m.get())),
+        None => Value::Null,
+    };
+    vec![json!({
+        "path": spec.path.as_str(),
+        "mode": mode,
+        "source": format!("template reading {}", reads.join(", ")),
+        "vault": "",
+        "selector": "",
+        "key": "",
+        "encoding": "utf-8",
+    })]
 }
 
 /// The files of a certificate entry, as `check` prints them.
@@ -371,11 +396,16 @@ fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
         Some(m) => Value::String(format!("{:04o}", m.get())),
         None => Value::Null,
     };
+    let unwritten = if spec.write {
+        ""
+    } else {
+        " (read by templates, not written)"
+    };
     let file = |path: &csi_grpc::FilePath, what: &str| {
         json!({
             "path": path.as_str(),
             "mode": mode,
-            "source": format!("{} {} ({what})", spec.kind.field(), spec.id),
+            "source": format!("{} {} ({what}){unwritten}", spec.kind.field(), spec.id),
             "vault": "",
             "selector": selector,
             "key": "",
@@ -395,10 +425,13 @@ fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
 
 /// The files one entry writes, as `check` prints them.
 fn describe(spec: &SecretSpec) -> Vec<Value> {
-    let (source, vault) = match &spec.source {
+    let (mut source, vault) = match &spec.source {
         SecretSource::Name { name, vault_id } => (format!("secret {name:?}"), vault_id.clone()),
         SecretSource::Id(id) => (format!("secret {id}"), String::new()),
     };
+    if !spec.write {
+        source.push_str(" (read by templates, not written)");
+    }
     let selector = match &spec.selector {
         VersionSelector::Stage(stage) => format!("stage {stage}"),
         VersionSelector::Number(n) => format!("version {n}"),

@@ -13,6 +13,7 @@ mod extract;
 mod failover;
 mod params;
 mod service;
+pub mod template;
 
 pub use budget::{
     Budget, BudgetLayer, ByteBudget, Held, Metered, Refusal, Refused, Reservation, Weigh,
@@ -24,7 +25,7 @@ pub use failover::{Failover, FailoverLayer, RegionStats, ServedBy, WithFailover}
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
     Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MountParameters, ParamError, ParseLimits,
-    SecretSource, SecretSpec, Stage, VersionSelector,
+    SecretSource, SecretSpec, Stage, TemplateSpec, VersionSelector,
 };
 pub use service::{BundleResponse, IdentityService, MountContext, OciMount, SecretsService};
 

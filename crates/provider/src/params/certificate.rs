@@ -28,14 +28,16 @@ pub(super) fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {
 pub(super) fn takes(kind: CertificateKind) -> &'static str {
     match kind {
         CertificateKind::Certificate => {
-            "certificateId entries take stage, versionNumber, \
-             versionName, privateKey, directory, certFileName, chainFileName, keyFileName and mode"
+            "certificateId entries take stage, versionNumber, versionName, privateKey, \
+             directory, certFileName, chainFileName, keyFileName, mode and writeFile"
         }
         CertificateKind::CertificateAuthority => {
-            "certificateAuthorityId entries take stage, \
-             versionNumber, versionName, directory, chainFileName and mode"
+            "certificateAuthorityId entries take stage, versionNumber, versionName, directory, \
+             chainFileName, mode and writeFile"
         }
-        CertificateKind::CaBundle => "caBundleId entries take directory, chainFileName and mode",
+        CertificateKind::CaBundle => {
+            "caBundleId entries take directory, chainFileName, mode and writeFile"
+        }
     }
 }
 
@@ -71,6 +73,7 @@ pub(super) fn check_certificate(
         key_path: files.key,
         mode,
         id,
+        write: item.write_file.unwrap_or(true),
     })
 }
 

@@ -9,7 +9,8 @@ use csi_grpc::{FilePath, validate_file_set};
 use super::certificate::{certificate_kind, check_certificate};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
 use super::secret::{check_secret, refuse_certificate_fields};
-use super::spec::{CertificateSpec, SecretSpec};
+use super::spec::{CertificateSpec, SecretSpec, TemplateSpec};
+use super::template::{check_reads, check_template};
 use super::yaml::RawSecret;
 
 /// Every entry, each checked whatever the others gave; their problems go to `problems` and
@@ -20,18 +21,26 @@ pub(super) fn check_secrets(
     class_vault: Option<&str>,
     failover: Option<Option<&str>>,
     problems: &mut Problems,
-) -> (Vec<SecretSpec>, Vec<CertificateSpec>) {
+) -> Entries {
+    let mut entries = Entries::default();
     if raw.is_empty() {
         problems.note(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
         )));
-        return (Vec::new(), Vec::new());
+        return entries;
     }
     let mut specs = Vec::with_capacity(raw.len());
     let mut certificates = Vec::new();
+    let mut templates = Vec::new();
     let mut files = FileNames::default();
-
     for (index, item) in raw.into_iter().enumerate() {
+        if item.template.is_some() {
+            if let Some(spec) = check_template(index, &item, problems) {
+                problems.take(files.claim(&spec.path, index, None, "duplicated fileName name"));
+                templates.push(spec);
+            }
+            continue;
+        }
         if let Some(kind) = certificate_kind(&item) {
             if let Some(spec) = problems.take(check_certificate(index, kind, &item)) {
                 for path in spec.files() {
@@ -62,25 +71,61 @@ pub(super) fn check_secrets(
         }
         specs.push(spec);
     }
-    // The driver's rules for the set (no file that is also a directory, ...); duplicates
-    // were named above, entry by entry.
-    if files.duplicated {
-        return (specs, certificates);
-    }
-    problems.take(
-        validate_file_set(
-            specs
-                .iter()
-                .flat_map(SecretSpec::files)
-                .chain(certificates.iter().flat_map(CertificateSpec::files)),
-        )
-        .map_err(|e| {
+    // What the templates read is written by the other entries (read or written).
+    let read: Vec<&FilePath> = specs
+        .iter()
+        .flat_map(SecretSpec::files)
+        .chain(certificates.iter().flat_map(CertificateSpec::files))
+        .collect();
+    check_reads(&templates, &read, problems);
+    // The driver's rules for the set of written files (no file that is also a directory,
+    // ...); duplicates were named above, entry by entry.
+    if !files.duplicated {
+        let written = specs
+            .iter()
+            .filter(|s| s.write)
+            .flat_map(SecretSpec::files)
+            .chain(
+                certificates
+                    .iter()
+                    .filter(|c| c.write)
+                    .flat_map(CertificateSpec::files),
+            )
+            .chain(templates.iter().map(|t| &t.path));
+        problems.take(validate_file_set(written).map_err(|e| {
             ParamError::new(format!(
                 "{RETRIEVE_PREFIX}: invalid file name in parameter \"secrets\": {e}"
             ))
-        }),
-    );
-    (specs, certificates)
+        }));
+    }
+    entries.secrets = specs;
+    entries.certificates = certificates;
+    entries.templates = templates;
+    entries
+}
+
+/// The entries of a class, by kind, in the list's order.
+#[derive(Default)]
+pub(super) struct Entries {
+    pub(super) secrets: Vec<SecretSpec>,
+    pub(super) certificates: Vec<CertificateSpec>,
+    pub(super) templates: Vec<TemplateSpec>,
+}
+
+impl Entries {
+    /// The files the mount writes or reads, every kind counted.
+    pub(super) fn files(&self) -> usize {
+        self.secrets
+            .iter()
+            .map(|s| s.files().count())
+            .sum::<usize>()
+            + self
+                .certificates
+                .iter()
+                .map(|c| c.files().count())
+                .sum::<usize>()
+            + self.templates.len()
+    }
 }
 
 /// The files written so far, the entry writing each, and whether one was claimed twice.

@@ -14,12 +14,14 @@ mod fields;
 mod problems;
 mod secret;
 mod spec;
+mod template;
 mod yaml;
 
 pub(crate) use spec::PARSE_BYTES_PER_BYTE;
 pub use spec::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MountParameters, ParseLimits, SecretSource, SecretSpec, Stage, VersionSelector,
+    Encoding, MountParameters, ParseLimits, SecretSource, SecretSpec, Stage, TemplateSpec,
+    VersionSelector,
 };
 use spec::{FAILOVER_REGION, FAILOVER_VAULT_ID, REGION};
 
@@ -101,19 +103,19 @@ impl MountParameters {
             _ => None,
         };
         let checked = raw.map(|raw| check_secrets(raw, class_vault, failover, &mut problems));
-        if let Some((secrets, certificates)) = &checked {
-            let files = secrets.iter().map(|s| s.files().count()).sum::<usize>()
-                + certificates
-                    .iter()
-                    .map(|c| c.files().count())
-                    .sum::<usize>();
+        if let Some(entries) = &checked {
+            let files = entries.files();
             if files > limits.max_files {
                 problems.note(too_many_files(files, limits.max_files));
             }
         }
         problems.finish()?;
         let (
-            Some((secrets, certificates)),
+            Some(entries::Entries {
+                secrets,
+                certificates,
+                templates,
+            }),
             Some(auth),
             Some(vault_id),
             Some(region),
@@ -127,6 +129,7 @@ impl MountParameters {
         Ok(Self {
             secrets,
             certificates,
+            templates,
             vault_id,
             auth,
             region,
@@ -154,7 +157,7 @@ mod tests {
         versionNumber: 1\nversionName: x\nfileName: f\nmode: \"0600\"\nencoding: base64\n\
         keys: [{key: k}]\nformat: json\nfailoverVaultId: w\ncertificateId: c\n\
         certificateAuthorityId: a\ncaBundleId: b\nprivateKey: true\ndirectory: d\n\
-        certFileName: t\nchainFileName: h\nkeyFileName: y\n";
+        certFileName: t\nchainFileName: h\nkeyFileName: y\ntemplate: z\nwriteFile: false\n";
 
     /// The one table of which field applies to which entry is complete, and what the
     /// messages say each certificate kind takes is what the table lets through.
@@ -163,8 +166,14 @@ mod tests {
         let raw: RawSecret =
             bounded::yaml::from_str(EVERY_FIELD, &bounded::ParseBudget::new(4096)).unwrap();
         let given = raw.given();
-        assert_eq!(given.len(), 20, "every field of RawSecret is in the table");
+        assert_eq!(given.len(), 22, "every field of RawSecret is in the table");
         let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];
+        let template: Vec<&str> = given
+            .iter()
+            .filter(|(_, applies)| applies.to_template())
+            .map(|(field, _)| *field)
+            .collect();
+        assert_eq!(template, ["fileName", "mode", "template"]);
         for kind in [
             CertificateKind::Certificate,
             CertificateKind::CertificateAuthority,
@@ -206,7 +215,8 @@ mod tests {
                 "stage",
                 "versionNumber",
                 "versionName",
-                "mode"
+                "mode",
+                "writeFile"
             ]
         );
     }

@@ -67,6 +67,7 @@ pub(super) fn check_secret(
         whole: keys.is_empty() || field == "fileName",
         keys,
         format,
+        write: item.write_file.unwrap_or(true),
     })
 }
 

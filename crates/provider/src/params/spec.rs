@@ -138,6 +138,9 @@ pub struct SecretSpec {
     /// Where this entry is read in the failover region: the same OCID, or the name in the
     /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
     pub failover: Option<SecretSource>,
+    /// Whether its files are written (`writeFile`, default true); `false`: read by the
+    /// class's templates only.
+    pub write: bool,
 }
 
 impl SecretSpec {
@@ -193,6 +196,9 @@ pub struct CertificateSpec {
     pub key_path: Option<FilePath>,
     /// The files' mode (`mode`); `None`: the request's permission.
     pub mode: Option<csi_grpc::FileMode>,
+    /// Whether its files are written (`writeFile`, default true); `false`: read by the
+    /// class's templates only.
+    pub write: bool,
 }
 
 impl CertificateSpec {
@@ -203,6 +209,22 @@ impl CertificateSpec {
             .chain(std::iter::once(&self.chain_path))
             .chain(self.key_path.iter())
     }
+}
+
+/// One `template` entry: a file rendered from other files of the class
+/// ([`crate::template`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateSpec {
+    /// Its position in the `secrets` list.
+    pub index: usize,
+    /// The template, checked against the subset.
+    pub source: String,
+    /// Where the rendered file is written (`fileName`).
+    pub path: FilePath,
+    /// Its mode; `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+    /// The files it reads, by the name a constant gives (`text("…")`), with where.
+    pub reads: Vec<(String, usize, usize)>,
 }
 
 /// How the provider authenticates to OCI (`authType`).
@@ -272,6 +294,8 @@ pub struct MountParameters {
     pub secrets: Vec<SecretSpec>,
     /// The certificate entries, in request order.
     pub certificates: Vec<CertificateSpec>,
+    /// The template entries, in request order.
+    pub templates: Vec<TemplateSpec>,
     /// The class-level `vaultId`, if given (each `name` entry has its vault in its
     /// [`SecretSource`]).
     pub vault_id: Option<String>,

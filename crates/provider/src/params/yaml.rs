@@ -23,6 +23,9 @@ const MAX_FIELD_BYTES: usize = 1024;
 /// A field of an entry as written: text of at most [`MAX_FIELD_BYTES`].
 pub(super) type Field = BoundedString<MAX_FIELD_BYTES>;
 
+/// A `template` as written: at most [`crate::template::MAX_TEMPLATE_BYTES`].
+pub(super) type TemplateText = BoundedString<{ crate::template::MAX_TEMPLATE_BYTES }>;
+
 /// The budget of the `secrets` parameter's parse.
 const SECRETS_BUDGET: ParseBudget = ParseBudget::new(MAX_SECRETS_BYTES);
 
@@ -208,6 +211,9 @@ pub(super) struct RawSecret {
     pub(super) chain_file_name: Option<Field>,
     #[serde(rename = "keyFileName")]
     pub(super) key_file_name: Option<Field>,
+    pub(super) template: Option<TemplateText>,
+    #[serde(rename = "writeFile")]
+    pub(super) write_file: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -330,26 +336,34 @@ pub(super) struct Applies {
     certificate: bool,
     certificate_authority: bool,
     ca_bundle: bool,
+    template: bool,
 }
 
 impl Applies {
-    const SECRET: Self = Self::new(true, false, false, false);
-    const ANY_CERTIFICATE: Self = Self::new(false, true, true, true);
-    const VERSIONED: Self = Self::new(true, true, true, false);
-    const LEAF: Self = Self::new(false, true, false, false);
-    const EVERY: Self = Self::new(true, true, true, true);
+    const SECRET: Self = Self::new(true, false, false, false, false);
+    const ANY_CERTIFICATE: Self = Self::new(false, true, true, true, false);
+    const VERSIONED: Self = Self::new(true, true, true, false, false);
+    const LEAF: Self = Self::new(false, true, false, false, false);
+    const EVERY: Self = Self::new(true, true, true, true, true);
+    const TEMPLATE: Self = Self::new(false, false, false, false, true);
+    /// Every kind a template reads (not templates themselves).
+    const INPUTS: Self = Self::new(true, true, true, true, false);
+    /// `fileName`: a secret's file, or a template's.
+    const FILE: Self = Self::new(true, false, false, false, true);
 
     const fn new(
         secret: bool,
         certificate: bool,
         certificate_authority: bool,
         ca_bundle: bool,
+        template: bool,
     ) -> Self {
         Self {
             secret,
             certificate,
             certificate_authority,
             ca_bundle,
+            template,
         }
     }
 
@@ -360,6 +374,11 @@ impl Applies {
             Some(CertificateKind::CertificateAuthority) => self.certificate_authority,
             Some(CertificateKind::CaBundle) => self.ca_bundle,
         }
+    }
+
+    /// Whether the field applies to a `template` entry.
+    pub(super) fn to_template(self) -> bool {
+        self.template
     }
 }
 
@@ -389,14 +408,16 @@ impl RawSecret {
             cert_file_name,
             chain_file_name,
             key_file_name,
+            template,
+            write_file,
         } = self;
-        let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2);
+        let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2, false);
         let named = |id: &Option<Field>| id.as_deref().is_some_and(|v| !v.is_empty());
         [
             ("name", name.is_some(), Applies::SECRET),
             ("secretId", secret_id.is_some(), Applies::SECRET),
             ("vaultId", vault_id.is_some(), Applies::SECRET),
-            ("fileName", file_name.is_some(), Applies::SECRET),
+            ("fileName", file_name.is_some(), Applies::FILE),
             ("encoding", encoding.is_some(), Applies::SECRET),
             ("keys", keys.is_some(), Applies::SECRET),
             ("format", format.is_some(), Applies::SECRET),
@@ -422,6 +443,8 @@ impl RawSecret {
             ),
             ("keyFileName", key_file_name.is_some(), Applies::LEAF),
             ("mode", mode.is_some(), Applies::EVERY),
+            ("template", template.is_some(), Applies::TEMPLATE),
+            ("writeFile", write_file.is_some(), Applies::INPUTS),
             // An empty id names no certificate (the entry is judged as a secret).
             ("certificateId", named(certificate_id), cert_only(0)),
             (
@@ -443,5 +466,14 @@ impl RawSecret {
             .into_iter()
             .find(|(_, applies)| !applies.to(kind))
             .map(|(field, _)| field)
+    }
+
+    /// The fields given that do not apply to a `template` entry.
+    pub(super) fn misplaced_in_template(&self) -> Vec<&'static str> {
+        self.given()
+            .into_iter()
+            .filter(|(_, applies)| !applies.to_template())
+            .map(|(field, _)| field)
+            .collect()
     }
 }

@@ -37,6 +37,8 @@ pub(super) struct EntryFiles {
     pub(super) files: Vec<File>,
     pub(super) version: EntryVersion,
     pub(super) reservation: Option<Reservation>,
+    /// Whether its files are written (`writeFile`); `false`: read by templates only.
+    pub(super) write: bool,
 }
 
 /// An entry's object version: a secret's is settled with the mount's other secrets (one
@@ -53,6 +55,8 @@ pub(super) enum EntryVersion {
         fetched: usize,
     },
     Certificate(ObjectVersion),
+    /// A template's: its inputs' versions, digested.
+    Template(ObjectVersion),
 }
 
 /// How an entry ended.
@@ -140,6 +144,7 @@ pub(super) async fn secret_entry<V: SecretsService>(
                 fetched,
             },
             reservation,
+            write: spec.write,
         }),
         Err(err) => EntryOutcome::Stop(err),
     }
@@ -197,6 +202,7 @@ pub(super) async fn certificate_entry<C: CertificateService>(
             files,
             version: EntryVersion::Certificate(version),
             reservation,
+            write: spec.write,
         }),
         Err(err) => EntryOutcome::Stop(err),
     }

@@ -18,6 +18,7 @@ mod failure;
 mod fanout;
 mod files;
 mod targets;
+mod templates;
 
 pub use contract::{BundleResponse, IdentityService, MountContext, SecretsService};
 use entries::{EntryFiles, EntryVersion, MountRun};
@@ -145,7 +146,7 @@ where
             mount: MountBytes::new(namespace, self.config.max_total_bytes),
             permits: Arc::new(Semaphore::new(self.config.fan_out.max(1))),
         };
-        let entries = fanout::fetch_all(
+        let mut entries = fanout::fetch_all(
             &run,
             (&self.secrets, &self.certificates),
             &params,
@@ -153,20 +154,29 @@ where
             &targets,
         )
         .await?;
+        let rendered = templates::render_templates(&run, &params.templates, &mut entries)?;
+        entries.extend(rendered);
         answer(entries, self.config.max_total_bytes)
     }
 }
 
-/// The mount's answer from its entries: the secrets' files then the certificates', each in
-/// the class's order, within the size the driver accepts; the reservations are held until
-/// the answer is assembled and handed on.
+/// The mount's answer from its entries: the secrets' files, then the certificates', then
+/// the templates', each in the class's order (an entry read by templates only writes none),
+/// within the size the driver accepts; the reservations are held until the answer is
+/// assembled and handed on.
 fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountResponse, MountError> {
-    let (secrets, certificates): (Vec<_>, Vec<_>) = entries
+    let (secrets, others): (Vec<_>, Vec<_>) = entries
         .into_iter()
         .partition(|entry| matches!(entry.version, EntryVersion::Secret { .. }));
+    let (certificates, templates): (Vec<_>, Vec<_>) = others
+        .into_iter()
+        .partition(|entry| matches!(entry.version, EntryVersion::Certificate(_)));
     let mut secret_versions = Vec::new();
-    let mut certificate_versions = Vec::new();
-    for entry in secrets.iter().chain(&certificates) {
+    let mut own_versions = Vec::new();
+    for entry in secrets.iter().chain(&certificates).chain(&templates) {
+        if !entry.write {
+            continue;
+        }
         match &entry.version {
             EntryVersion::Secret {
                 path,
@@ -174,15 +184,19 @@ fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountRespo
                 version,
                 ..
             } => secret_versions.push((path, secret_id.as_str(), *version)),
-            EntryVersion::Certificate(version) => certificate_versions.push(version.clone()),
+            EntryVersion::Certificate(version) | EntryVersion::Template(version) => {
+                own_versions.push(version.clone())
+            }
         }
     }
     let mut object_versions = object_versions(&secret_versions);
-    object_versions.extend(certificate_versions);
+    object_versions.extend(own_versions);
     let mut files = Vec::new();
     let mut reservations = Vec::new();
-    for entry in secrets.into_iter().chain(certificates) {
-        files.extend(entry.files);
+    for entry in secrets.into_iter().chain(certificates).chain(templates) {
+        if entry.write {
+            files.extend(entry.files);
+        }
         reservations.extend(entry.reservation);
     }
     check_size(&files, max_total_bytes)?;

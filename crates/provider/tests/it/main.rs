@@ -12,4 +12,5 @@ mod layers;
 mod memory;
 mod params;
 mod proptests;
+mod templates;
 mod tenancy;
