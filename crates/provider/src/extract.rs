@@ -69,9 +69,18 @@ fn budget(content_len: usize) -> bounded::ParseBudget {
 /// The parsed document: JSON first, then YAML, unless `format` forces one; both within
 /// the content's [`budget`]. Errors give the position and kind only.
 pub(crate) fn parse(content: &[u8], format: Option<Format>) -> Result<Value, ExtractError> {
+    parse_as(content, format)
+}
+
+/// [`parse`] into any document type (a template's reads parse straight into its values,
+/// without a `serde_json::Value` alongside).
+pub(crate) fn parse_as<T: serde::de::DeserializeOwned>(
+    content: &[u8],
+    format: Option<Format>,
+) -> Result<T, ExtractError> {
     let budget = budget(content.len());
-    let json = || bounded::json::from_slice::<Value>(content, &budget).map_err(|e| e.to_string());
-    let yaml = || bounded::yaml::from_slice::<Value>(content, &budget).map_err(|e| e.to_string());
+    let json = || bounded::json::from_slice::<T>(content, &budget).map_err(|e| e.to_string());
+    let yaml = || bounded::yaml::from_slice::<T>(content, &budget).map_err(|e| e.to_string());
     match format {
         Some(Format::Json) => json().map_err(ExtractError::Parse),
         Some(Format::Yaml) => yaml().map_err(ExtractError::Parse),

@@ -12,6 +12,9 @@ use super::entries::{EntryFiles, EntryVersion, MountRun};
 use crate::params::TemplateSpec;
 use crate::template::{Input, render};
 
+/// The most a template's output may be, per byte of its text and of the class's files.
+pub(crate) const TEMPLATE_OUTPUT_FACTOR: usize = 4;
+
 /// Renders `templates` from the files of `entries` (shared with the renders, not copied,
 /// and given back), each within the room the mount's other files leave.
 pub(super) fn render_templates(
@@ -31,8 +34,16 @@ pub(super) fn render_templates(
         .sum();
     let mut rendered = Vec::with_capacity(templates.len());
     let mut outcome = Ok(());
+    // A template's output is at most a few times what it is made of (its text and the
+    // class's files): the memory a mount may take stays a multiple of what it read.
+    let made_of: usize = inputs.values().map(|i| i.bytes.len()).sum();
     for spec in templates {
-        let room = run.config.max_total_bytes.saturating_sub(written);
+        let allowance = TEMPLATE_OUTPUT_FACTOR.saturating_mul(made_of + spec.source.len());
+        let room = run
+            .config
+            .max_total_bytes
+            .saturating_sub(written)
+            .min(allowance);
         match render_one(run, spec, inputs.clone(), room) {
             Ok(entry) => {
                 written += entry.files.iter().map(|f| f.contents.len()).sum::<usize>();

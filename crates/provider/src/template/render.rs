@@ -82,8 +82,9 @@ fn describe(source: &str, err: &Error) -> RenderError {
             err.detail().unwrap_or_default()[OURS.len()..].to_owned()
         }
         ErrorKind::OutOfFuel => "it does more work than a template may".to_owned(),
-        ErrorKind::WriteFailure => "its output would take the mount past the bytes the driver \
-                                    accepts in one response"
+        ErrorKind::WriteFailure => "its output would be larger than a template may write (four \
+                                    times its text and the class's files) or take the mount past \
+                                    the bytes the driver accepts in one response"
             .to_owned(),
         ErrorKind::UndefinedError => "it uses an undefined value".to_owned(),
         kind => kind.to_string(),
@@ -177,21 +178,34 @@ fn environment(
             base64::engine::general_purpose::STANDARD.encode(found.bytes.as_slice()),
         ))
     });
+    // A file is parsed once per render, however many times the template reads it.
+    let parsed: Shared<BTreeMap<String, Value>> = Arc::default();
     env.add_function("json", move |file: &str| -> Result<Value, Error> {
         let found = input(file)?;
+        if let Some(value) = parsed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(file)
+        {
+            return Ok(value.clone());
+        }
         let reservation = reserve(found.bytes.len())
             .map_err(|why| ours(format!("reading it for json(): {why}")))?;
         held.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(reservation);
-        let document = crate::extract::parse(&found.bytes, None).map_err(|e| match e {
+        let value: Value = crate::extract::parse_as(&found.bytes, None).map_err(|e| match e {
             crate::extract::ExtractError::Parse(why) => ours(format!(
                 "file {} cannot be read as JSON or YAML: {why}",
                 bounded::quote(file)
             )),
             _ => ours("a parse without a document"),
         })?;
-        Ok(Value::from(minijinja::value::Serde(&document)))
+        parsed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(file.to_owned(), value.clone());
+        Ok(value)
     });
     filters(&mut env, room);
     tests(&mut env);
@@ -268,13 +282,18 @@ fn filters(env: &mut Environment<'static>, room: usize) {
     env.add_filter("last", |v: Value| -> Result<Value, Error> {
         Ok(v.try_iter()?.last().unwrap_or(Value::UNDEFINED))
     });
+    // Pairs are made as a loop takes them, never all at once.
     env.add_filter("items", |v: Value, _: Kwargs| -> Result<Value, Error> {
-        let mut pairs = Vec::new();
-        for key in v.try_iter()? {
-            let value = v.get_item(&key)?;
-            pairs.push(Value::from(vec![key, value]));
+        if !matches!(v.kind(), minijinja::value::ValueKind::Map) {
+            return Err(ours("items of a value that is not a mapping"));
         }
-        Ok(Value::from(pairs))
+        Ok(Value::make_object_iterable(v, |map| match map.try_iter() {
+            Ok(keys) => Box::new(keys.map(move |key| {
+                let value = map.get_item(&key).unwrap_or(Value::UNDEFINED);
+                Value::from(vec![key, value])
+            })),
+            Err(_) => Box::new(std::iter::empty()),
+        }))
     });
 }
 

@@ -312,6 +312,44 @@ fn the_reviews_nested_anchor_secret_stays_within_the_bound() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Template entries over a hostile input.
+
+#[test]
+fn fuzz_templates_peak_heap_is_bounded_by_what_the_mount_reads() {
+    let templates = prop_oneof![
+        Just("{% for x in json('doc') %}{{ x }}{% endfor %}"),
+        Just("{{ json('doc') | tojson }}"),
+        Just("{{ text('doc') | b64encode }}"),
+        Just("{% for k, v in json('doc') | items %}{{ k }}={{ v | tojson }}\n{% endfor %}"),
+        Just("{{ json('doc') | join(',') }}"),
+        Just("{% for a in json('doc') %}{% for b in json('doc') %}{{ b }}{% endfor %}{% endfor %}"),
+    ];
+    run(48, (templates, hostile::shape()), |(template, shape)| {
+        let content = shape.render(60 * 1024).into_bytes();
+        let fetched = content.len();
+        let vault = Vault::default().with(
+            "doc",
+            Behaviour::Bundle {
+                content,
+                secret_id: "ocid1.vaultsecret.oc1..doc".into(),
+                version: 1,
+            },
+        );
+        let secrets = format!(
+            "- name: doc\n  writeFile: false\n- fileName: out\n  template: {}\n",
+            serde_json::to_string(template).unwrap()
+        );
+        let m = measure_mount(
+            wire_request(&secrets, &[]),
+            vault,
+            oci_csi_provider::NoCertificates,
+            fetched,
+        );
+        m.check("template")
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 // The user principal's Secret.
 
 fn user_secret_body(config: &str, key_pem: &[u8], junk: usize) -> Vec<u8> {

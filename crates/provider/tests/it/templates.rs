@@ -190,3 +190,63 @@ async fn a_templates_json_parse_reserves_from_the_byte_budget() {
     assert!(err.message().contains("reading it for json()"), "{err}");
     assert_eq!(budget.used(), 0);
 }
+
+#[tokio::test]
+async fn a_file_read_many_times_for_json_is_parsed_and_reserved_once() {
+    let doc = format!("{{\"a\": \"{}\", \"b\": 1}}", "y".repeat(8 * 1024));
+    // Room for one parse of the document, not for two.
+    // A parse reserves 48 bytes per byte (the provider's `extract::PARSE_BYTES_PER_BYTE`).
+    let one_parse = doc.len() * 48;
+    let budget = oci_csi_provider::ByteBudget::new(crate::fakes::RESERVE + one_parse * 3 / 2);
+    let vault = Vault::default().with("doc", bundle(&doc, 1));
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        MountContext {
+            byte_budget: Some(budget.clone()),
+            ..crate::fakes::config()
+        },
+        Some(budget.clone()),
+    );
+    let response = service
+        .oneshot(request(
+            "- name: doc\n  writeFile: false\n- fileName: out\n  \
+             template: \"{{ json('doc').b }}{% for k, v in json('doc') | items %}{{ k }}{% endfor %}{{ json('doc').b }}\"\n",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.files[0].contents.as_bytes(), b"1ab1");
+    assert_eq!(budget.used(), 0);
+}
+
+#[tokio::test]
+async fn a_templates_output_is_at_most_four_times_what_it_is_made_of() {
+    let list = format!("[{}]", vec!["1"; 2000].join(","));
+    let vault = vault(1).with("list", bundle(&list, 1));
+    let inputs = "- name: pw\n  writeFile: false\n- name: list\n  writeFile: false\n";
+    // 2000 x 9 bytes = 18 000 bytes from about 4 KB: more than four times.
+    let grows = format!(
+        "{inputs}- fileName: out\n  template: \"{{% for a in json('list') %}}{{{{ text('pw') }}}}{{% endfor %}}\"\n"
+    );
+    let err = mount(vault.clone(), &grows).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(err.message().contains("four times its text"), "{err}");
+    // Twice what it is made of is fine.
+    let doubles = format!(
+        "{inputs}- fileName: out\n  template: \"{{% for a in json('list') %}}{{{{ a }}}}-{{% endfor %}}\"\n"
+    );
+    let response = mount(vault.clone(), &doubles).await.unwrap();
+    assert_eq!(response.files[0].contents.as_bytes().len(), 4000);
+    // `items` is for mappings only, and says so.
+    let items = format!(
+        "{inputs}- fileName: out\n  template: \"{{% for k, v in json('list') | items %}}{{{{ k }}}}{{% endfor %}}\"\n"
+    );
+    let err = mount(vault, &items).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(
+        err.message()
+            .contains("items of a value that is not a mapping"),
+        "{err}"
+    );
+}
