@@ -151,13 +151,18 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
 fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
     for r in reports {
         if r.errors.is_empty() {
+            let inputs = r.files.iter().filter(|f| f["written"] == false).count();
+            let only_read = match inputs {
+                0 => String::new(),
+                n => format!(" and {n} read by templates only"),
+            };
             writeln!(
                 out,
-                "{}: {}/{}: valid, {} files",
+                "{}: {}/{}: valid, {} files{only_read}",
                 r.source,
                 r.namespace,
                 r.name,
-                r.files.len()
+                r.files.len() - inputs
             )?;
             for f in &r.files {
                 let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
@@ -381,6 +386,7 @@ fn describe_template(spec: &provider::TemplateSpec) -> Vec<Value> {
         "selector": "",
         "key": "",
         "encoding": "utf-8",
+        "written": true,
     })]
 }
 
@@ -410,6 +416,7 @@ fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
             "selector": selector,
             "key": "",
             "encoding": "pem",
+            "written": spec.write,
         })
     };
     let mut files = Vec::new();
@@ -451,6 +458,7 @@ fn describe(spec: &SecretSpec) -> Vec<Value> {
             "selector": selector,
             "key": key,
             "encoding": spec.encoding.as_str(),
+            "written": spec.write,
         })
     };
     let mut files = Vec::new();

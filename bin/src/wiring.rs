@@ -1,6 +1,7 @@
 //! Builds the stack of one process, in one place, bottom to top, one layer per concern:
 //!
-//! - the transport: the pool, then `HostLimitLayer`, `TimeoutLayer`, `ObserveLayer`;
+//! - the transport: the pool and its layers (`Transport::service`: `HostLimitLayer`,
+//!   `TimeoutLayer`, `ObserveLayer`, built in one place);
 //! - the principals over it, and `SigningLayer` (each request signed with its session);
 //! - the fetch stacks over the signed `VaultClient`: `RetryLayer`, then for secrets
 //!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`;
@@ -25,9 +26,7 @@ use provider::{
 };
 use regions::Regions;
 use tower::{Layer as _, ServiceBuilder};
-use transport::{
-    HostLimitLayer, HttpService, ObserveLayer, Proxy, TimeoutLayer, Transport, TransportConfig,
-};
+use transport::{HttpService, Proxy, Transport, TransportConfig};
 use vault::{Retry, RetryLayer, RetryPolicy, VaultClient};
 
 use crate::config::{CacheConfig, Config, ServerConfig, UpstreamConfig};
@@ -202,8 +201,11 @@ pub(crate) fn build(
         config,
         traces,
     )));
-    let transport = Transport::new(transport_config(config, env, &principals_config, traces)?)?;
-    let http = http(&transport, &config.upstream, timings.clone());
+    let transport = Transport::new(TransportConfig {
+        observer: Some(timings.clone()),
+        ..transport_config(config, env, &principals_config, traces)?
+    })?;
+    let http = transport.service();
     traces.client.bind(http.clone());
 
     // 2. Identities over the transport; requests signed with the session each carries.
@@ -261,25 +263,6 @@ pub(crate) fn build(
     let provider =
         csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone());
     Ok(Stack { provider, metrics })
-}
-
-/// The transport's layers over its pool, outermost first: a client span and the exchange
-/// metrics, the request timeout (or the request's deadline when earlier), the requests in
-/// flight per host. Built once: every upstream call of the process goes through it.
-fn http(
-    transport: &Transport,
-    u: &UpstreamConfig,
-    timings: Arc<crate::metrics::UpstreamTimings>,
-) -> HttpService {
-    HttpService::new(
-        ServiceBuilder::new()
-            .layer(ObserveLayer::new(Some(timings)))
-            .layer(TimeoutLayer::new(Duration::from_secs(
-                u.request_timeout_seconds,
-            )))
-            .layer(HostLimitLayer::new(u.max_connections_per_host))
-            .service(transport.exchange()),
-    )
 }
 
 /// What `Version` answers.

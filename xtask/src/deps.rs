@@ -1,4 +1,4 @@
-//! `cargo xtask check-deps`: one crypto backend and one TLS stack (DESIGN.md).
+//! `cargo xtask check-deps`: one crypto backend and one TLS stack (ARCHITECTURE.md, invariant 17).
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -143,6 +143,22 @@ fn certificate_entries_show_their_files_and_their_errors() {
 }
 
 #[test]
+fn template_entries_show_what_they_read_and_every_refusal() {
+    let (code, out, _) = check(&["templates.yaml"], None);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out, golden("templates.txt"));
+    let (_, json, _) = check(&["--output", "json", "templates.yaml"], None);
+    let reports: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let written: Vec<bool> = reports[0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["written"].as_bool().unwrap())
+        .collect();
+    assert_eq!(written, [false, true, true]);
+}
+
+#[test]
 fn with_the_providers_config_a_switched_off_auth_type_and_an_unlisted_region_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("provider.toml");

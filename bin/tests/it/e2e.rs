@@ -18,6 +18,7 @@ mod admission;
 mod echoes;
 mod instance;
 mod prometheus;
+mod templates;
 
 const NAMESPACE: &str = "storm";
 const VAULT: &str = "ocid1.vault.oc1.iad.e2e";

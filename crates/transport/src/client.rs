@@ -38,7 +38,7 @@ struct Inner {
 impl Transport {
     /// Builds the transport. Must be called within a Tokio runtime (the pool's idle timer
     /// runs on it).
-    // The one place in the workspace that builds an HTTP client (DESIGN.md, invariant 1).
+    // The one place in the workspace that builds an HTTP client (ARCHITECTURE.md, invariant 1).
     #[allow(clippy::disallowed_methods)] // reason: this crate is the transport
     pub fn new(config: TransportConfig) -> Result<Self, TransportBuildError> {
         let oci = tls::oci_roots(config.ssl_cert_file.as_deref(), &config.oci_ca_files)
@@ -75,13 +75,7 @@ impl Transport {
             .timer(TokioTimer::new())
             .build(connector);
         let exchange = Exchange::new(client, stats.clone(), config.max_response_bytes);
-        let service = HttpService::new(
-            ServiceBuilder::new()
-                .layer(ObserveLayer::new(config.observer.clone()))
-                .layer(TimeoutLayer::new(config.request_timeout))
-                .layer(HostLimitLayer::new(config.max_connections_per_host))
-                .service(exchange.clone()),
-        );
+        let service = stack(&config, exchange.clone());
         Ok(Self {
             inner: Arc::new(Inner {
                 exchange,
@@ -91,9 +85,8 @@ impl Transport {
         })
     }
 
-    /// The exchange over the pool, without any layer: what a caller composing its own
-    /// stack puts at the bottom (the binary's wiring does, with the same layers as
-    /// [`Transport::service`]).
+    /// The exchange over the pool, without any layer (for tests of a layer alone; every
+    /// upstream call of the binary goes through [`Transport::service`]).
     pub fn exchange(&self) -> Exchange {
         self.inner.exchange.clone()
     }
@@ -114,6 +107,22 @@ impl Transport {
     pub fn open_connections(&self) -> u64 {
         self.stats().values().map(|h| h.open).sum()
     }
+}
+
+/// The one composition of the transport's layers over an exchange, outermost first: a
+/// client span and the exchange metrics ([`ObserveLayer`], `observer`), the request timeout
+/// or the request's deadline when earlier ([`TimeoutLayer`], `request_timeout`), the
+/// requests in flight per host ([`HostLimitLayer`], `max_connections_per_host`). The
+/// binary's wiring and the tests get it from [`Transport::service`]; nothing else stacks
+/// these layers.
+fn stack(config: &TransportConfig, exchange: Exchange) -> HttpService {
+    HttpService::new(
+        ServiceBuilder::new()
+            .layer(ObserveLayer::new(config.observer.clone()))
+            .layer(TimeoutLayer::new(config.request_timeout))
+            .layer(HostLimitLayer::new(config.max_connections_per_host))
+            .service(exchange),
+    )
 }
 
 /// Why the transport could not be built (a CA file or the platform roots).

@@ -54,21 +54,7 @@ pub(super) fn check_secrets(
         let Some(spec) = check_secret(index, &item, class_vault, failover, problems) else {
             continue;
         };
-        for (k, key) in spec.keys.iter().enumerate() {
-            problems.take(files.claim(&key.path, index, Some(k), "duplicated fileName name"));
-        }
-        if spec.whole {
-            let from_file_name = item
-                .file_name
-                .as_deref()
-                .is_some_and(|f| !f.trim().is_empty());
-            let what = if from_file_name {
-                "duplicated fileName name"
-            } else {
-                "duplicated secret name"
-            };
-            problems.take(files.claim(&spec.path, index, None, what));
-        }
+        claim_secret_files(&spec, &item, index, &mut files, problems);
         specs.push(spec);
     }
     // What the templates read is written by the other entries (read or written).
@@ -102,6 +88,32 @@ pub(super) fn check_secrets(
     entries.certificates = certificates;
     entries.templates = templates;
     entries
+}
+
+/// Claims the files of a secret entry: each key's, and the whole secret's (a duplicate is
+/// named after the field it comes from: `fileName` or the secret's name).
+fn claim_secret_files(
+    spec: &SecretSpec,
+    item: &RawSecret,
+    index: usize,
+    files: &mut FileNames,
+    problems: &mut Problems,
+) {
+    for (k, key) in spec.keys.iter().enumerate() {
+        problems.take(files.claim(&key.path, index, Some(k), "duplicated fileName name"));
+    }
+    if spec.whole {
+        let from_file_name = item
+            .file_name
+            .as_deref()
+            .is_some_and(|f| !f.trim().is_empty());
+        let what = if from_file_name {
+            "duplicated fileName name"
+        } else {
+            "duplicated secret name"
+        };
+        problems.take(files.claim(&spec.path, index, None, what));
+    }
 }
 
 /// The entries of a class, by kind, in the list's order.

@@ -150,11 +150,10 @@ impl Checked {
             Expr::Var(_) | Expr::Const(_) => {}
             Expr::UnaryOp(u) => self.expr(&u.expr),
             Expr::BinOp(b) => match b.op {
-                BinOpKind::ScAnd | BinOpKind::ScOr | BinOpKind::In => {
-                    self.expr(&b.left);
-                    self.expr(&b.right);
-                }
-                BinOpKind::Eq
+                BinOpKind::ScAnd
+                | BinOpKind::ScOr
+                | BinOpKind::In
+                | BinOpKind::Eq
                 | BinOpKind::Ne
                 | BinOpKind::Lt
                 | BinOpKind::Lte

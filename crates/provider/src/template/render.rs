@@ -142,9 +142,12 @@ fn environment(
     let mut env = Environment::empty();
     env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_undefined_behavior(UndefinedBehavior::Strict);
-    // A file is written as its template reads, its last newline included.
+    // A file is written as its template reads, its last newline included; a line holding
+    // only a `{% %}` tag leaves no line behind (Ansible's and Salt's habit for config files).
     if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
         .keep_trailing_newline(true)
+        .trim_blocks(true)
+        .lstrip_blocks(true)
         .build()
     {
         env.set_syntax(syntax);
@@ -178,6 +181,20 @@ fn environment(
             base64::engine::general_purpose::STANDARD.encode(found.bytes.as_slice()),
         ))
     });
+    add_json(&mut env, input, reserve, held);
+    filters(&mut env, room);
+    tests(&mut env);
+    env
+}
+
+/// `json(file)`: the file parsed (once per render) within the budgets of a `keys` parse,
+/// its reservation kept in `held` until the render ends.
+fn add_json(
+    env: &mut Environment<'static>,
+    input: impl Fn(&str) -> Result<Input, Error> + Send + Sync + 'static,
+    reserve: Arc<Reserve>,
+    held: Shared<Vec<crate::Reservation>>,
+) {
     // A file is parsed once per render, however many times the template reads it.
     let parsed: Shared<BTreeMap<String, Value>> = Arc::default();
     env.add_function("json", move |file: &str| -> Result<Value, Error> {
@@ -207,9 +224,6 @@ fn environment(
             .insert(file.to_owned(), value.clone());
         Ok(value)
     });
-    filters(&mut env, room);
-    tests(&mut env);
-    env
 }
 
 /// The filters of the subset; those that may grow a value check it against `room`.
@@ -272,6 +286,11 @@ fn filters(env: &mut Environment<'static>, room: usize) {
             Ok(out)
         },
     );
+    collection_filters(env);
+}
+
+/// The filters over sequences and mappings: none makes a value larger than what it reads.
+fn collection_filters(env: &mut Environment<'static>) {
     env.add_filter("length", |v: Value| -> Result<usize, Error> {
         v.len()
             .ok_or_else(|| ours("length of a value that has none"))
