@@ -7,7 +7,7 @@ use bounded::quote;
 /// keys, each key copied only within the room left of `max_total_bytes`. A parse for keys
 /// first reserves what it may take from the byte budget `held` came from (its namespace's
 /// share; `None`: no process budget).
-pub(super) fn assemble(
+pub(crate) fn assemble(
     params: &MountParameters,
     bundles: Vec<vault::SecretBundle>,
     mode: csi_grpc::FileMode,
@@ -53,7 +53,7 @@ pub(super) fn assemble(
 
 /// The one check of a mount's size: its files together (secrets, extracted keys,
 /// certificate files) fit in one response to the driver; the error lists the largest.
-pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
+pub(crate) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
     let total: usize = files.iter().map(|f| f.contents.len()).sum();
     if total <= max_total_bytes {
         return Ok(());

@@ -23,7 +23,8 @@ mod targets;
 
 use failure::*;
 pub(crate) use failure::{chain, grpc_kind};
-use files::*;
+// `crate::fuzzing` assembles files as a mount does.
+pub(crate) use files::{assemble, check_size};
 use targets::{Targets, endpoint_error};
 
 use crate::budget::{Held, Metered, MountBytes, Refused, Reservation};
@@ -124,6 +125,10 @@ where
     type SecretsFuture = V::Future;
 }
 
+/// The default of [`MountContext::max_total_bytes`]: the driver refuses responses above
+/// 4 MiB.
+pub(crate) const DEFAULT_MAX_TOTAL_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
+
 /// What every mount shares: its bounds, the operator's policy (allowed types and regions),
 /// the endpoints, and the runtime handles it reports to (the gate of tenant keys, the
 /// certificate-expiry gauge).
@@ -159,7 +164,7 @@ impl Default for MountContext {
     fn default() -> Self {
         Self {
             fan_out: 8,
-            max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
             max_secrets: crate::params::DEFAULT_MAX_SECRETS,
             max_files: crate::params::DEFAULT_MAX_FILES,
             endpoints: Arc::default(),
