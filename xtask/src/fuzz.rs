@@ -87,8 +87,10 @@ const LIMITS: [&str; 4] = [
     "-max_len=32768",
 ];
 
-const GUIDED_USAGE: &str = "usage: cargo xtask fuzz-guided [--seconds N (60 per target)] [--target T] \
-                     [--build-only]\n\ntargets: secrets_parameter, keys";
+const GUIDED_USAGE: &str =
+    "usage: cargo xtask fuzz-guided [--seconds N (60 a target)] [--target T] [--build-only]
+
+targets: secrets_parameter, keys";
 
 pub(crate) fn run_guided(args: &[String]) -> anyhow::Result<()> {
     let mut seconds: u64 = 60;
@@ -191,8 +193,11 @@ fn check_lock() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo +nightly fuzz <command> --fuzz-dir fuzz [args]` from the workspace root, with the
-/// build options every command shares (so a run reuses the build).
+/// `cargo +nightly fuzz <command> --fuzz-dir fuzz [args]` from the workspace root, with
+/// cargo-fuzz's default build, the same for `build` and `run` (so a run reuses the build):
+/// optimized, AddressSanitizer, and debug assertions with overflow checks, so an overflow a
+/// release binary would wrap is a crash here, as in the test suite. (A `--dev` build takes
+/// half the CPU time to build but runs some 20 times slower.)
 fn cargo_fuzz(command: &[&str], args: &[&str]) -> anyhow::Result<()> {
     let status = fuzz_command(command, args)
         .status()
@@ -255,27 +260,36 @@ fn fuzz(target: &str, seconds: u64) -> anyhow::Result<()> {
     let new_inputs = std::fs::read_dir(&found).map_or(0, |d| d.count());
     report(target, &text, new_inputs);
     if !status.success() {
-        // What went wrong (a panic's message, a sanitizer's or libFuzzer's error), and the
-        // whole log beside the input.
-        let mut lines = text.lines();
-        while let Some(line) = lines.next() {
-            if line.contains("panicked at") {
-                eprintln!("  {line}\n  {}", lines.next().unwrap_or_default());
-            } else if line.starts_with("==") || line.starts_with("SUMMARY:") {
-                eprintln!("  {line}");
-            }
-        }
-        let artifacts = root().join("fuzz/artifacts").join(target);
-        let kept = artifacts.join(format!("libfuzzer-{}.log", std::process::id()));
-        let _ = std::fs::create_dir_all(&artifacts).and_then(|()| std::fs::copy(&log_path, &kept));
-        let artifact = artifact(&text).unwrap_or_else(|| format!("fuzz/artifacts/{target}/"));
-        bail!(
-            "libFuzzer stopped with {status}: the input is {artifact} (the log: {}); reproduce \
-             with `cargo +nightly fuzz run --fuzz-dir fuzz {target} {artifact}`",
-            kept.display()
-        );
+        return Err(failure(target, &text, &log_path, status));
     }
     Ok(())
+}
+
+/// What went wrong (a panic's message, a sanitizer's or libFuzzer's error), the input that
+/// did it, and the whole log kept beside it.
+fn failure(
+    target: &str,
+    text: &str,
+    log_path: &Path,
+    status: std::process::ExitStatus,
+) -> anyhow::Error {
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.contains("panicked at") {
+            eprintln!("  {line}\n  {}", lines.next().unwrap_or_default());
+        } else if line.starts_with("==") || line.starts_with("SUMMARY:") {
+            eprintln!("  {line}");
+        }
+    }
+    let artifacts = root().join("fuzz/artifacts").join(target);
+    let kept = artifacts.join(format!("libfuzzer-{}.log", std::process::id()));
+    let _ = std::fs::create_dir_all(&artifacts).and_then(|()| std::fs::copy(log_path, &kept));
+    let artifact = artifact(text).unwrap_or_else(|| format!("fuzz/artifacts/{target}/"));
+    anyhow::anyhow!(
+        "libFuzzer stopped with {status}: the input is {artifact} (the log: {}); reproduce \
+         with `cargo +nightly fuzz run --fuzz-dir fuzz {target} {artifact}`",
+        kept.display()
+    )
 }
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
