@@ -313,7 +313,9 @@ mod tests {
             }
         }
         assert!(ignored >= 10, "{ignored}");
-        let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+        let ci = std::fs::read_to_string(root.join(".ci/run"))
+            .unwrap()
+            .replace("\\\n", " ");
         for line in ci.lines().filter(|l| l.contains("cargo nextest run")) {
             assert!(
                 line.contains("--no-run") || line.contains("--run-ignored all"),

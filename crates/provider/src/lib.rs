@@ -11,6 +11,8 @@ mod certificates;
 mod endpoints;
 mod extract;
 mod failover;
+#[doc(hidden)]
+pub mod fuzzing;
 mod params;
 mod service;
 pub mod template;

@@ -14,7 +14,7 @@ use crate::params::{Encoding, SecretSpec};
 /// from the byte budget (in `namespace`'s share) while it runs. The bytes move from the
 /// bundle's zeroizing buffer into the file's; a decoded encoding is written to a new buffer,
 /// the encoded one wiped.
-pub(super) fn secret_files(
+pub(crate) fn secret_files(
     spec: &SecretSpec,
     content: zeroize::Zeroizing<Vec<u8>>,
     mode: FileMode,
@@ -54,7 +54,7 @@ pub(super) fn secret_files(
 
 /// The one check of a mount's size: its files together (secrets, extracted keys,
 /// certificate files) fit in one response to the driver; the error lists the largest.
-pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
+pub(crate) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
     let total: usize = files.iter().map(|f| f.contents.len()).sum();
     if total <= max_total_bytes {
         return Ok(());

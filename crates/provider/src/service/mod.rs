@@ -24,7 +24,9 @@ pub use contract::{BundleResponse, IdentityService, MountContext, SecretsService
 use entries::{EntryFiles, EntryVersion, MountRun};
 use failure::auth_error;
 pub(crate) use failure::{chain, grpc_kind};
-use files::{check_size, object_versions};
+use files::object_versions;
+// `crate::fuzzing` makes a secret's files as a mount does.
+pub(crate) use files::{check_size, secret_files};
 use targets::endpoint_error;
 
 use crate::budget::MountBytes;
