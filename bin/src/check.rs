@@ -156,13 +156,14 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
                 0 => String::new(),
                 n => format!(" and {n} read by templates only"),
             };
+            let written = r.files.len() - inputs;
             writeln!(
                 out,
-                "{}: {}/{}: valid, {} files{only_read}",
+                "{}: {}/{}: valid, {written} file{}{only_read}",
                 r.source,
                 r.namespace,
                 r.name,
-                r.files.len() - inputs
+                if written == 1 { "" } else { "s" }
             )?;
             for f in &r.files {
                 let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
@@ -230,6 +231,13 @@ fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> 
             _ if doc.is_null() => {}
             _ => objects.push(doc),
         }
+    }
+    if objects.is_empty() {
+        return vec![report(
+            "-",
+            "-",
+            "no SecretProviderClass in it: the input is empty or holds no object".to_owned(),
+        )];
     }
     objects
         .iter()

@@ -34,8 +34,19 @@ pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
 
 /// Runs the binary with `args` (program name first) and the process environment as a map.
 pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
-    if args.get(1).map(String::as_str) == Some("check") {
-        return check::main(&args[1..], &mut std::io::stdin(), &mut std::io::stdout());
+    // `check` has its own flags; `help check` is its `--help`.
+    let check = |rest: &[String]| {
+        let mut check_args = vec![format!("{RUNTIME_NAME} check")];
+        check_args.extend_from_slice(rest);
+        check::main(&check_args, &mut std::io::stdin(), &mut std::io::stdout())
+    };
+    match (
+        args.get(1).map(String::as_str),
+        args.get(2).map(String::as_str),
+    ) {
+        (Some("check"), _) => return check(&args[2..]),
+        (Some("help"), Some("check")) => return check(&["--help".to_owned()]),
+        _ => {}
     }
     let flags = match Flags::parse_from_args(&args) {
         Ok(flags) => flags,

@@ -100,6 +100,56 @@ fn usage_errors_exit_2() {
     );
 }
 
+/// The binary run with `args` (no `check` in front): exit code and standard output.
+fn binary(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oci-secrets-store-csi-driver-provider"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn check_is_found_from_the_binarys_help_and_names_the_binary() {
+    for args in [&["--help"][..], &["help"]] {
+        let (code, out) = binary(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(
+            out.contains("Usage: oci-secrets-store-csi-driver-provider [OPTIONS] [COMMAND]"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n  check  Validate SecretProviderClass manifests offline"),
+            "{out}"
+        );
+    }
+    for args in [&["check", "--help"][..], &["help", "check"]] {
+        let (code, out) = binary(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(
+            out.contains("Usage: oci-secrets-store-csi-driver-provider check [OPTIONS] <FILES>..."),
+            "{out}"
+        );
+        assert!(out.contains("--service-account"), "{out}");
+    }
+}
+
+#[test]
+fn empty_input_says_so_and_one_file_is_one_file() {
+    for empty in ["", "\n", "---\n"] {
+        let (code, out, _) = check(&["-"], Some(empty));
+        assert_eq!(code, 1, "{empty:?}: {out}");
+        assert!(out.contains("no SecretProviderClass in it"), "{out}");
+    }
+    let one = "kind: SecretProviderClass\nmetadata: {name: one, namespace: ns}\nspec:\n  provider: oci\n  parameters:\n    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n    secrets: \"- name: a\"\n";
+    let (code, out, _) = check(&["-"], Some(one));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("-: ns/one: valid, 1 file\n"), "{out}");
+}
+
 #[test]
 fn every_problem_of_one_class_is_named_in_one_run() {
     // A bad region, an unquoted mode, an escaping fileName and both versionNumber and stage:
