@@ -32,9 +32,8 @@ pub use wiring::Traces;
 /// `runtime_name` answered by `Version`.
 pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
 
-/// Runs the binary with `args` (program name first) and the process environment as a map.
-pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
-    // `check` has its own flags; `help check` is its `--help`.
+/// `check` (with its own flags), and `help check` (its `--help`); `None` for anything else.
+fn run_check(args: &[String]) -> Option<ExitCode> {
     let check = |rest: &[String]| {
         let mut check_args = vec![format!("{RUNTIME_NAME} check")];
         check_args.extend_from_slice(rest);
@@ -44,9 +43,16 @@ pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
         args.get(1).map(String::as_str),
         args.get(2).map(String::as_str),
     ) {
-        (Some("check"), _) => return check(&args[2..]),
-        (Some("help"), Some("check")) => return check(&["--help".to_owned()]),
-        _ => {}
+        (Some("check"), _) => Some(check(&args[2..])),
+        (Some("help"), Some("check")) => Some(check(&["--help".to_owned()])),
+        _ => None,
+    }
+}
+
+/// Runs the binary with `args` (program name first) and the process environment as a map.
+pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
+    if let Some(code) = run_check(&args) {
+        return code;
     }
     let flags = match Flags::parse_from_args(&args) {
         Ok(flags) => flags,
