@@ -55,17 +55,24 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
         ("instance principal", "batch-0", "instance"),
     ];
     for (label, pod, auth_type) in pods {
+        let class = format!("demo-{auth_type}");
+        let vault = "ocid1.vault.oc1.iad.demo";
+        println!("\n== pod demo/{pod} ({label}) mounts this SecretProviderClass:\n");
+        print!("{}", class_manifest(&class, vault, auth_type, secrets));
         let attributes = json!({
             "secrets": secrets,
-            "vaultId": "ocid1.vault.oc1.iad.demo",
+            "vaultId": vault,
             "authType": auth_type,
-            "secretProviderClass": "demo-secrets",
+            "secretProviderClass": class,
             "csi.storage.k8s.io/pod.name": pod,
             "csi.storage.k8s.io/pod.namespace": "demo",
             "csi.storage.k8s.io/pod.uid": format!("00000000-0000-0000-0000-{:012}", pod.len()),
             "csi.storage.k8s.io/serviceAccount.name": "demo-app",
         });
-        println!("\n== mount for pod demo/{pod} ({label})");
+        println!(
+            "\n   the provider answers these files (written under {}):",
+            out.join(pod).display()
+        );
         let response = match client.mount(mount_request(attributes)).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
@@ -96,8 +103,11 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
             };
             println!("   {} (mode {:o}) = {shown}", path.display(), file.mode);
         }
+        // The driver keeps these and sends them back on its rotation's next Mount: a
+        // changed version is how it knows to rewrite the files.
+        println!("   object versions (the driver's rotation rewrites the files when one changes):");
         for version in &response.object_version {
-            println!("   object {} version {}", version.id, version.version);
+            println!("     {} = {}", version.id, version.version);
         }
     }
     let metrics = provider.metrics().await?;
@@ -108,6 +118,21 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
         metric_sum(&metrics, "oci_provider_mounts_total"),
     );
     Ok(())
+}
+
+/// The SecretProviderClass a pod of the demo mounts, as a user writes it.
+fn class_manifest(name: &str, vault: &str, auth_type: &str, secrets: &str) -> String {
+    let mut out = format!(
+        "   apiVersion: secrets-store.csi.x-k8s.io/v1\n   kind: SecretProviderClass\n   \
+         metadata: {{ name: {name}, namespace: demo }}\n   spec:\n     provider: oci\n     \
+         parameters:\n       vaultId: {vault}\n       authType: {auth_type}\n       secrets: |\n"
+    );
+    for line in secrets.lines() {
+        out.push_str("         ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 fn hex(bytes: &[u8]) -> String {
