@@ -187,7 +187,10 @@ impl PageRequest {
                 "/20180608/secrets".to_owned()
             }
         };
-        (http::Method::GET, format!("{base}{path}?{}", query.finish()))
+        (
+            http::Method::GET,
+            format!("{base}{path}?{}", query.finish()),
+        )
     }
 
     /// The page of a successful answer.
@@ -344,7 +347,9 @@ mod tests {
         assert_eq!(parsed.versions, [(3, false), (2, true)]);
         assert_eq!(parsed.next.as_deref(), Some("n"));
         assert_eq!(
-            versions.parse(br#"[{"versionNumber":0}]"#, None).unwrap_err(),
+            versions
+                .parse(br#"[{"versionNumber":0}]"#, None)
+                .unwrap_err(),
             MalformedBundle::InvalidVersionNumber(0)
         );
         let secrets = page(

@@ -230,7 +230,11 @@ mod tests {
         }
     }
 
-    fn secret(name: &str, state: &str, team: &str) -> (ListedSecret, String, BTreeMap<String, String>) {
+    fn secret(
+        name: &str,
+        state: &str,
+        team: &str,
+    ) -> (ListedSecret, String, BTreeMap<String, String>) {
         (
             ListedSecret {
                 id: format!("ocid1.vaultsecret..{name}"),
