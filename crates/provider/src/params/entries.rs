@@ -9,26 +9,37 @@ use csi_grpc::{FilePath, validate_file_set};
 use super::certificate::{certificate_kind, check_certificate};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
 use super::secret::{check_secret, refuse_certificate_fields};
-use super::spec::{CertificateSpec, SecretSpec};
+use super::selection::{ClassDefaults, check_selection};
+use super::spec::{CertificateSpec, SecretSpec, SelectionSpec};
 use super::yaml::RawSecret;
 
+/// The entries of a class, checked, by kind, each in the list's order.
+#[derive(Debug, Default)]
+pub(super) struct Checked {
+    pub(super) secrets: Vec<SecretSpec>,
+    pub(super) certificates: Vec<CertificateSpec>,
+    pub(super) selections: Vec<SelectionSpec>,
+}
+
 /// Every entry, each checked whatever the others gave; their problems go to `problems` and
-/// the entries without any are answered. `failover`: `None` without `failoverRegion`, else
-/// the class-level `failoverVaultId`.
+/// the entries without any are answered. `class`: the class-level `vaultId` and
+/// `compartmentId`; `failover`: `None` without `failoverRegion`, else the class-level
+/// `failoverVaultId`.
 pub(super) fn check_secrets(
     raw: Vec<RawSecret>,
-    class_vault: Option<&str>,
+    class: ClassDefaults<'_>,
     failover: Option<Option<&str>>,
     problems: &mut Problems,
-) -> (Vec<SecretSpec>, Vec<CertificateSpec>) {
+) -> Checked {
     if raw.is_empty() {
         problems.note(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
         )));
-        return (Vec::new(), Vec::new());
+        return Checked::default();
     }
     let mut specs = Vec::with_capacity(raw.len());
     let mut certificates = Vec::new();
+    let mut selections = Vec::new();
     let mut files = FileNames::default();
 
     for (index, item) in raw.into_iter().enumerate() {
@@ -41,8 +52,12 @@ pub(super) fn check_secrets(
             }
             continue;
         }
+        if item.selects() {
+            selections.extend(check_selection(index, &item, class, problems));
+            continue;
+        }
         problems.take(refuse_certificate_fields(index, &item));
-        let Some(spec) = check_secret(index, &item, class_vault, failover, problems) else {
+        let Some(spec) = check_secret(index, &item, class.vault, failover, problems) else {
             continue;
         };
         for (k, key) in spec.keys.iter().enumerate() {
@@ -60,12 +75,20 @@ pub(super) fn check_secrets(
             };
             problems.take(files.claim(&spec.path, index, None, what));
         }
+        for path in &spec.history {
+            problems.take(files.claim(path, index, None, "duplicated file name"));
+        }
         specs.push(spec);
     }
+    let checked = |secrets, certificates| Checked {
+        secrets,
+        certificates,
+        selections,
+    };
     // The driver's rules for the set (no file that is also a directory, ...); duplicates
     // were named above, entry by entry.
     if files.duplicated {
-        return (specs, certificates);
+        return checked(specs, certificates);
     }
     problems.take(
         validate_file_set(
@@ -80,7 +103,7 @@ pub(super) fn check_secrets(
             ))
         }),
     );
-    (specs, certificates)
+    checked(specs, certificates)
 }
 
 /// The files written so far, the entry writing each, and whether one was claimed twice.

@@ -13,21 +13,24 @@ mod entries;
 mod fields;
 mod problems;
 mod secret;
+mod selection;
 mod spec;
 mod yaml;
 
 pub(crate) use spec::PARSE_BYTES_PER_BYTE;
 pub use spec::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MountParameters, ParseLimits, SecretSource, SecretSpec, Stage, VersionSelector,
+    Encoding, MAX_VERSIONS, MountParameters, ParseLimits, SecretSource, SecretSpec, SelectionSpec,
+    Stage, VersionSelector,
 };
 use spec::{FAILOVER_REGION, FAILOVER_VAULT_ID, REGION};
 
 use bounded::quote;
-use class::{check_ocid, parse_auth, parse_region, parse_vault_id};
+use class::{check_ocid, parse_auth, parse_compartment_id, parse_region, parse_vault_id};
 use entries::check_secrets;
 pub use problems::{MAX_PROBLEMS, ParamError};
 use problems::{Problems, RETRIEVE_PREFIX};
+use selection::ClassDefaults;
 pub use yaml::MAX_SECRETS_BYTES;
 use yaml::parse_secrets_yaml;
 
@@ -69,6 +72,7 @@ impl MountParameters {
         let raw = problems.take(parse_secrets_yaml(attributes, limits));
         let auth = problems.take(parse_auth(attributes, pod));
         let vault_id = problems.take(parse_vault_id(attributes));
+        let compartment = problems.take(parse_compartment_id(attributes));
         let region = problems.take(parse_region(attributes, REGION));
         let failover_region = problems.take(parse_region(attributes, FAILOVER_REGION));
         let failover_vault = problems.take(match attributes.get(FAILOVER_VAULT_ID) {
@@ -100,10 +104,20 @@ impl MountParameters {
             Some(Some(_)) => Some(failover_vault.as_deref()),
             _ => None,
         };
-        let checked = raw.map(|raw| check_secrets(raw, class_vault, failover, &mut problems));
-        if let Some((secrets, certificates)) = &checked {
-            let files = secrets.iter().map(|s| s.files().count()).sum::<usize>()
-                + certificates
+        let class = ClassDefaults {
+            vault: class_vault,
+            // A class compartment that is itself a problem stands as an empty one.
+            compartment: compartment.as_ref().map_or(Some(""), Option::as_deref),
+        };
+        let checked = raw.map(|raw| check_secrets(raw, class, failover, &mut problems));
+        if let Some(checked) = &checked {
+            let files = checked
+                .secrets
+                .iter()
+                .map(|s| s.files().count())
+                .sum::<usize>()
+                + checked
+                    .certificates
                     .iter()
                     .map(|c| c.files().count())
                     .sum::<usize>();
@@ -113,7 +127,11 @@ impl MountParameters {
         }
         problems.finish()?;
         let (
-            Some((secrets, certificates)),
+            Some(entries::Checked {
+                secrets,
+                certificates,
+                selections,
+            }),
             Some(auth),
             Some(vault_id),
             Some(region),
@@ -127,6 +145,7 @@ impl MountParameters {
         Ok(Self {
             secrets,
             certificates,
+            selections,
             vault_id,
             auth,
             region,
@@ -146,7 +165,8 @@ fn too_many_files(files: usize, max: usize) -> ParamError {
 #[cfg(test)]
 mod tests {
     use super::certificate::takes;
-    use super::yaml::RawSecret;
+    use super::selection::SELECTION_TAKES;
+    use super::yaml::{Applies, EntryKind, RawSecret};
     use super::*;
 
     /// An entry with every field `RawSecret` has.
@@ -154,7 +174,23 @@ mod tests {
         versionNumber: 1\nversionName: x\nfileName: f\nmode: \"0600\"\nencoding: base64\n\
         keys: [{key: k}]\nformat: json\nfailoverVaultId: w\ncertificateId: c\n\
         certificateAuthorityId: a\ncaBundleId: b\nprivateKey: true\ndirectory: d\n\
-        certFileName: t\nchainFileName: h\nkeyFileName: y\n";
+        certFileName: t\nchainFileName: h\nkeyFileName: y\nversions: 2\ntag: a=b\n\
+        namePrefix: p\ncompartmentId: o\n";
+
+    /// "`kind` entries take a, b and c", from the table.
+    fn listed(kind: &str, given: &[(&str, Applies)], to: EntryKind, leave: &[&str]) -> String {
+        let accepted: Vec<&str> = given
+            .iter()
+            .filter(|(field, applies)| applies.to(to) && !leave.contains(field))
+            .map(|(field, _)| *field)
+            .collect();
+        let (last, rest) = accepted.split_last().unwrap();
+        if rest.is_empty() {
+            format!("{kind} entries take {last}")
+        } else {
+            format!("{kind} entries take {} and {last}", rest.join(", "))
+        }
+    }
 
     /// The one table of which field applies to which entry is complete, and what the
     /// messages say each certificate kind takes is what the table lets through.
@@ -163,33 +199,27 @@ mod tests {
         let raw: RawSecret =
             bounded::yaml::from_str(EVERY_FIELD, &bounded::ParseBudget::new(4096)).unwrap();
         let given = raw.given();
-        assert_eq!(given.len(), 20, "every field of RawSecret is in the table");
+        assert_eq!(given.len(), 24, "every field of RawSecret is in the table");
         let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];
         for kind in [
             CertificateKind::Certificate,
             CertificateKind::CertificateAuthority,
             CertificateKind::CaBundle,
         ] {
-            let accepted: Vec<&str> = given
-                .iter()
-                .filter(|(field, applies)| applies.to(Some(kind)) && !ids.contains(field))
-                .map(|(field, _)| *field)
-                .collect();
-            let (last, rest) = accepted.split_last().unwrap();
-            let listed = if rest.is_empty() {
-                (*last).to_owned()
-            } else {
-                format!("{} and {last}", rest.join(", "))
-            };
+            let to = EntryKind::Certificate(kind);
             assert_eq!(
                 takes(kind),
-                format!("{} entries take {listed}", kind.field()),
+                listed(kind.field(), &given, to, &ids),
                 "{kind:?}"
             );
         }
+        assert_eq!(
+            SELECTION_TAKES,
+            listed("tag and namePrefix", &given, EntryKind::Selection, &[])
+        );
         let secret: Vec<&str> = given
             .iter()
-            .filter(|(_, applies)| applies.to(None))
+            .filter(|(_, applies)| applies.to(EntryKind::Secret))
             .map(|(field, _)| *field)
             .collect();
         assert_eq!(
@@ -201,6 +231,7 @@ mod tests {
                 "fileName",
                 "encoding",
                 "keys",
+                "versions",
                 "format",
                 "failoverVaultId",
                 "stage",
