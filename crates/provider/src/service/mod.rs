@@ -1,8 +1,9 @@
 //! The mount service `csi-grpc` calls: parameters, then the identity, then every entry at
-//! once (`fanout`, one entry by `entries`) to the targets (`targets`), their files
-//! (`files`); a failure says what failed (`failure`). What the service is built over and
-//! shares between mounts is `contract`. Only this module imports the others; they import
-//! `contract` and `failure`, which import none of them.
+//! once (`fanout`; one entry by `entries`, a version history by `history`, a selection by
+//! `selection`) to the targets (`targets`), their files (`files`); a failure says what
+//! failed (`failure`). What the service is built over and shares between mounts is
+//! `contract`. Only this module imports the others; they import `contract` and `failure`,
+//! which import none of them.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,13 +18,18 @@ mod entries;
 mod failure;
 mod fanout;
 mod files;
+mod history;
+mod selection;
 mod targets;
 
-pub use contract::{BundleResponse, IdentityService, MountContext, SecretsService};
+pub use contract::{
+    BundleResponse, IdentityService, ListingResponse, ListingService, MountContext, NoListings,
+    SecretsService,
+};
 use entries::{EntryFiles, EntryVersion, MountRun};
 use failure::auth_error;
 pub(crate) use failure::{chain, grpc_kind};
-use files::{check_size, object_versions};
+use files::{check_selected, check_size, object_versions};
 use targets::endpoint_error;
 
 use crate::budget::MountBytes;
@@ -31,27 +37,29 @@ use crate::params::{AuthSpec, MountParameters};
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
 /// fetched concurrently (bounded), all or nothing.
-pub struct OciMount<A, V, C> {
+pub struct OciMount<A, V, C, L = NoListings> {
     auth: A,
     // The fetch services answer `Held`, which only the byte budget's layer makes: every
     // fetch passes through it.
     secrets: V,
     certificates: C,
+    listings: L,
     config: Arc<MountContext>,
 }
 
-impl<A: Clone, V: Clone, C: Clone> Clone for OciMount<A, V, C> {
+impl<A: Clone, V: Clone, C: Clone, L: Clone> Clone for OciMount<A, V, C, L> {
     fn clone(&self) -> Self {
         Self {
             auth: self.auth.clone(),
             secrets: self.secrets.clone(),
             certificates: self.certificates.clone(),
+            listings: self.listings.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<A, V, C> fmt::Debug for OciMount<A, V, C> {
+impl<A, V, C, L> fmt::Debug for OciMount<A, V, C, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OciMount")
             .field("config", &self.config)
@@ -64,21 +72,39 @@ impl<A, V, C> OciMount<A, V, C> {
     /// `auth::Principals`), reading secret entries through `secrets` and certificate
     /// entries through `certificates` (the byte budget's layer over the fetch stacks; a
     /// `NoCertificates` under it refuses certificate entries).
+    /// Without a listing service ([`NoListings`]): `versions`, `tag` and `namePrefix`
+    /// entries fail until [`OciMount::with_listings`] gives it one.
     pub fn new(auth: A, secrets: V, certificates: C, config: MountContext) -> Self {
         Self {
             auth,
             secrets,
             certificates,
+            listings: NoListings,
             config: Arc::new(config),
         }
     }
 }
 
-impl<A, V, C> OciMount<A, V, C>
+impl<A, V, C, L> OciMount<A, V, C, L> {
+    /// The same service making the listings of `versions`, `tag` and `namePrefix` entries
+    /// through `listings` (the byte budget's layer over the listing stack).
+    pub fn with_listings<M>(self, listings: M) -> OciMount<A, V, C, M> {
+        OciMount {
+            auth: self.auth,
+            secrets: self.secrets,
+            certificates: self.certificates,
+            listings,
+            config: self.config,
+        }
+    }
+}
+
+impl<A, V, C, L> OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
     C: crate::certificates::CertificateService,
+    L: ListingService,
 {
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
     fn check_allowed_type(&self, auth_type: crate::params::AuthType) -> Result<(), MountError> {
@@ -147,27 +173,35 @@ where
         };
         let entries = fanout::fetch_all(
             &run,
-            (&self.secrets, &self.certificates),
+            (&self.secrets, &self.certificates, &self.listings),
             &params,
             &established,
             &targets,
         )
         .await?;
-        answer(entries, self.config.max_total_bytes)
+        answer(entries, &self.config, !params.selections.is_empty())
     }
 }
 
 /// The mount's answer from its entries: the secrets' files then the certificates', each in
-/// the class's order, within the size the driver accepts; the reservations are held until
-/// the answer is assembled and handed on.
-fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountResponse, MountError> {
-    let (secrets, certificates): (Vec<_>, Vec<_>) = entries
+/// the class's order, within the size the driver accepts (and, with selections, the files
+/// it may write); the reservations are held until the answer is assembled and handed on.
+fn answer(
+    entries: Vec<EntryFiles>,
+    config: &MountContext,
+    selections: bool,
+) -> Result<MountResponse, MountError> {
+    let (certificates, secrets): (Vec<_>, Vec<_>) = entries
         .into_iter()
-        .partition(|entry| matches!(entry.version, EntryVersion::Secret { .. }));
+        .partition(|entry| matches!(entry.versions.first(), Some(EntryVersion::Certificate(_))));
     let mut secret_versions = Vec::new();
     let mut certificate_versions = Vec::new();
-    for entry in secrets.iter().chain(&certificates) {
-        match &entry.version {
+    for version in secrets
+        .iter()
+        .chain(&certificates)
+        .flat_map(|e| &e.versions)
+    {
+        match version {
             EntryVersion::Secret {
                 path,
                 secret_id,
@@ -183,9 +217,12 @@ fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountRespo
     let mut reservations = Vec::new();
     for entry in secrets.into_iter().chain(certificates) {
         files.extend(entry.files);
-        reservations.extend(entry.reservation);
+        reservations.extend(entry.reservations);
     }
-    check_size(&files, max_total_bytes)?;
+    if selections {
+        check_selected(&files, config.max_files)?;
+    }
+    check_size(&files, config.max_total_bytes)?;
     drop(reservations);
     Ok(MountResponse {
         files,
@@ -221,11 +258,12 @@ fn identity_request(params: &MountParameters, request: &MountRequest) -> auth::I
     }
 }
 
-impl<A, V, C> Service<MountRequest> for OciMount<A, V, C>
+impl<A, V, C, L> Service<MountRequest> for OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
     C: crate::certificates::CertificateService,
+    L: ListingService,
 {
     type Response = MountResponse;
     type Error = MountError;
