@@ -230,22 +230,28 @@ pub(super) async fn secret_entry<V: SecretsService>(
     }
 }
 
-/// The outcomes of an entry's fetches, as they arrive: their files as the entry's (with
-/// the listing's bytes), or the first outcome that is not files (the rest are dropped, so
-/// cancelled).
+/// The outcomes of an entry's fetches, as they arrive: their files as the entry's, in the
+/// order of `parts` (with the listing's bytes), or the first outcome that is not files (the
+/// rest are dropped, so cancelled).
 pub(super) async fn gather_parts<'a>(
     index: usize,
     parts: impl IntoIterator<Item = futures_util::future::BoxFuture<'a, EntryOutcome>>,
     listing: Option<Reservation>,
 ) -> EntryOutcome {
-    let mut pending: FuturesUnordered<_> = parts.into_iter().collect();
+    let mut pending: FuturesUnordered<_> = parts
+        .into_iter()
+        .enumerate()
+        .map(|(at, part)| async move { (at, part.await) })
+        .collect();
     let mut done = Vec::with_capacity(pending.len());
-    while let Some(outcome) = pending.next().await {
+    while let Some((at, outcome)) = pending.next().await {
         match outcome {
-            EntryOutcome::Files(files) => done.push(files),
+            EntryOutcome::Files(files) => done.push((at, files)),
             ended => return ended,
         }
     }
+    done.sort_by_key(|(at, _)| *at);
+    let done = done.into_iter().map(|(_, files)| files).collect();
     EntryOutcome::Files(EntryFiles::merge(index, done, listing))
 }
 
