@@ -151,13 +151,23 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
 fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
     for r in reports {
         if r.errors.is_empty() {
+            let selections = r
+                .files
+                .iter()
+                .filter(|f| f.get("selection").is_some())
+                .count();
+            let also = match selections {
+                0 => String::new(),
+                1 => " and 1 selection".to_owned(),
+                n => format!(" and {n} selections"),
+            };
             writeln!(
                 out,
-                "{}: {}/{}: valid, {} files",
+                "{}: {}/{}: valid, {} files{also}",
                 r.source,
                 r.namespace,
                 r.name,
-                r.files.len()
+                r.files.len() - selections
             )?;
             for f in &r.files {
                 let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
@@ -422,6 +432,7 @@ fn describe_selection(spec: &SelectionSpec) -> Vec<Value> {
         "selector": "stage CURRENT",
         "key": "",
         "encoding": spec.encoding.as_str(),
+        "selection": spec.describe(),
     })]
 }
 

@@ -18,6 +18,8 @@ mod admission;
 mod echoes;
 mod instance;
 mod prometheus;
+mod tags;
+mod versions;
 
 const NAMESPACE: &str = "storm";
 const VAULT: &str = "ocid1.vault.oc1.iad.e2e";
