@@ -243,7 +243,7 @@ pub(crate) fn build(
     if tokio::runtime::Handle::try_current().is_ok() {
         listings.spawn_purger(Duration::from_secs(config.cache.purge_interval_seconds));
     }
-    let fetches = fetches(config, signing, (bundles.clone(), listings));
+    let fetches = fetches(config, signing, (bundles.clone(), listings.clone()));
 
     // 4. The mount service: identity, then the entries through the fetch stacks.
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
@@ -267,6 +267,7 @@ pub(crate) fn build(
     // 5. What /metrics reads.
     let caches = crate::metrics::ScrapeSources {
         bundles,
+        listings,
         principals,
         served: fetches.served,
         certificate_expiry,
