@@ -239,10 +239,7 @@ pub(crate) fn build(
 
     // 3. The fetch stacks over the signed client, one layer per concern.
     let bundles = bundle_cache(config, clock.clone(), &principals);
-    let listings = Cache::new(listing_cache_config(&config.cache), clock);
-    if tokio::runtime::Handle::try_current().is_ok() {
-        listings.spawn_purger(Duration::from_secs(config.cache.purge_interval_seconds));
-    }
+    let listings = listing_cache(config, clock);
     let fetches = fetches(config, signing, (bundles.clone(), listings.clone()));
 
     // 4. The mount service: identity, then the entries through the fetch stacks.
@@ -487,6 +484,15 @@ fn bundle_cache(
         principals.spawn_purgers(purge_every);
     }
     bundles
+}
+
+/// The listing cache; expired listings are dropped on a timer.
+fn listing_cache(config: &Config, clock: SharedClock) -> Cache<vault::ListKey, vault::Listing> {
+    let listings = Cache::new(listing_cache_config(&config.cache), clock);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        listings.spawn_purger(Duration::from_secs(config.cache.purge_interval_seconds));
+    }
+    listings
 }
 
 /// The retries of the Secrets and Certificates calls: `[upstream] max_attempts`.

@@ -21,6 +21,16 @@ pub(super) struct Checked {
     pub(super) selections: Vec<SelectionSpec>,
 }
 
+impl Checked {
+    /// The files the entries write, every kind counted (a selection's are known only once
+    /// its vault is listed).
+    pub(super) fn files(&self) -> usize {
+        let secrets = self.secrets.iter().map(|s| s.files().count());
+        let certificates = self.certificates.iter().map(|c| c.files().count());
+        secrets.chain(certificates).sum()
+    }
+}
+
 /// Every entry, each checked whatever the others gave; their problems go to `problems` and
 /// the entries without any are answered. `class`: the class-level `vaultId` and
 /// `compartmentId`; `failover`: `None` without `failoverRegion`, else the class-level

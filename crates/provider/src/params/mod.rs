@@ -110,20 +110,10 @@ impl MountParameters {
             compartment: compartment.as_ref().map_or(Some(""), Option::as_deref),
         };
         let checked = raw.map(|raw| check_secrets(raw, class, failover, &mut problems));
-        if let Some(checked) = &checked {
-            let files = checked
-                .secrets
-                .iter()
-                .map(|s| s.files().count())
-                .sum::<usize>()
-                + checked
-                    .certificates
-                    .iter()
-                    .map(|c| c.files().count())
-                    .sum::<usize>();
-            if files > limits.max_files {
-                problems.note(too_many_files(files, limits.max_files));
-            }
+        if let Some(files) = checked.as_ref().map(entries::Checked::files)
+            && files > limits.max_files
+        {
+            problems.note(too_many_files(files, limits.max_files));
         }
         problems.finish()?;
         let (

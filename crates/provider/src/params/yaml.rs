@@ -349,7 +349,7 @@ impl Applies {
     const SECRET: Self = Self::new(true, [false; 3], false);
     const SELECTION: Self = Self::new(false, [false; 3], true);
     const SECRET_OR_SELECTION: Self = Self::new(true, [false; 3], true);
-    const FILES_IN_A_DIRECTORY: Self = Self::new(false, [true; 3], true);
+    const IN_DIRECTORY: Self = Self::new(false, [true; 3], true);
     const ANY_CERTIFICATE: Self = Self::new(false, [true; 3], false);
     const VERSIONED: Self = Self::new(true, [true, true, false], false);
     const LEAF: Self = Self::new(false, [true, false, false], false);
@@ -389,26 +389,26 @@ impl RawSecret {
             secret_id,
             vault_id,
             stage,
-            version_number,
+            version_number: number,
             version_name,
             file_name,
             mode,
             encoding,
             keys,
             format,
-            failover_vault_id,
+            failover_vault_id: failover,
             certificate_id,
-            certificate_authority_id,
+            certificate_authority_id: ca_id,
             ca_bundle_id,
             private_key,
             directory,
             cert_file_name,
-            chain_file_name,
+            chain_file_name: chain,
             key_file_name,
             versions,
             tag,
             name_prefix,
-            compartment_id,
+            compartment_id: compartment,
         } = self;
         let cert_only = |kind| Applies::new(false, [kind == 0, kind == 1, kind == 2], false);
         let named = |id: &Option<Field>| id.as_deref().is_some_and(|v| !v.is_empty());
@@ -422,45 +422,21 @@ impl RawSecret {
             ("versions", versions.is_some(), Applies::SECRET),
             ("tag", tag.is_some(), Applies::SELECTION),
             ("namePrefix", name_prefix.is_some(), Applies::SELECTION),
-            (
-                "compartmentId",
-                compartment_id.is_some(),
-                Applies::SELECTION,
-            ),
+            ("compartmentId", compartment.is_some(), Applies::SELECTION),
             ("format", format.is_some(), Applies::SECRET),
-            (
-                "failoverVaultId",
-                failover_vault_id.is_some(),
-                Applies::SECRET,
-            ),
+            ("failoverVaultId", failover.is_some(), Applies::SECRET),
             ("stage", stage.is_some(), Applies::VERSIONED),
-            (
-                "versionNumber",
-                version_number.is_some(),
-                Applies::VERSIONED,
-            ),
+            ("versionNumber", number.is_some(), Applies::VERSIONED),
             ("versionName", version_name.is_some(), Applies::VERSIONED),
             ("privateKey", private_key.is_some(), Applies::LEAF),
-            (
-                "directory",
-                directory.is_some(),
-                Applies::FILES_IN_A_DIRECTORY,
-            ),
+            ("directory", directory.is_some(), Applies::IN_DIRECTORY),
             ("certFileName", cert_file_name.is_some(), Applies::LEAF),
-            (
-                "chainFileName",
-                chain_file_name.is_some(),
-                Applies::ANY_CERTIFICATE,
-            ),
+            ("chainFileName", chain.is_some(), Applies::ANY_CERTIFICATE),
             ("keyFileName", key_file_name.is_some(), Applies::LEAF),
             ("mode", mode.is_some(), Applies::EVERY),
             // An empty id names no certificate (the entry is judged as a secret).
             ("certificateId", named(certificate_id), cert_only(0)),
-            (
-                "certificateAuthorityId",
-                named(certificate_authority_id),
-                cert_only(1),
-            ),
+            ("certificateAuthorityId", named(ca_id), cert_only(1)),
             ("caBundleId", named(ca_bundle_id), cert_only(2)),
         ]
         .into_iter()
