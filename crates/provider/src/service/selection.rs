@@ -26,7 +26,7 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
     let target = &targets.primary;
     let Some(base_url) = target.endpoints.vaults.clone() else {
         return EntryOutcome::Stop(MountError::invalid_argument(format!(
-            "secrets[{index}] ({}): no Vault API endpoint to list secrets: the principal's \
+            "secrets[{index}].{}: no Vault API endpoint to list secrets: the principal's \
              region is not known and the provider's [endpoints] vaults is not set",
             spec.describe()
         )));
@@ -42,7 +42,7 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
         },
         deadline: run.request.deadline,
     };
-    let what = format!("secrets[{index}] ({})", spec.describe());
+    let what = format!("secrets[{index}].{}", spec.describe());
     let hint = policy_hint(&spec.compartment_id);
     let (listing, held) = match list(run, listings, request, (&what, &hint), span).await {
         Ok(listed) => listed,
@@ -51,6 +51,16 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
     drop(permit);
     if let Some(stopped) = listing.stopped {
         return EntryOutcome::Stop(stopped_early(run, spec, stopped, room));
+    }
+    if listing.secrets.is_empty() {
+        // As a `name` entry whose secret does not exist: most likely a mistyped tag.
+        return EntryOutcome::Stop(MountError::new(
+            ErrorKind::NotFound,
+            format!(
+                "{what} selects no ACTIVE secret of vault {} in compartment {}",
+                spec.vault_id, spec.compartment_id
+            ),
+        ));
     }
     let entries: Result<Vec<SecretSpec>, MountError> = listing
         .secrets
@@ -74,7 +84,7 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
 fn name_entry(spec: &SelectionSpec, name: &str) -> Result<SecretSpec, MountError> {
     let path = spec.path_of(name).map_err(|e| {
         MountError::invalid_argument(format!(
-            "secrets[{}] ({}) selected secret {}, which cannot be a file name: {e}",
+            "secrets[{}].{} selected secret {}, which cannot be a file name: {e}",
             spec.index,
             spec.describe(),
             quote(name)
@@ -120,7 +130,7 @@ fn stopped_early(
     let selection = spec.describe();
     match stopped {
         vault::ListStop::TooMany => MountError::invalid_argument(format!(
-            "secrets[{index}] ({selection}) selects more than {room} secrets of vault {}, the \
+            "secrets[{index}].{selection} selects more than {room} secrets of vault {}, the \
              files this mount may still write (server.max_files_per_mount is {}); narrow the \
              selection or split it over several SecretProviderClasses",
             spec.vault_id, run.config.max_files
@@ -128,7 +138,7 @@ fn stopped_early(
         vault::ListStop::TooManyPages => MountError::new(
             ErrorKind::ResourceExhausted,
             format!(
-                "secrets[{index}] ({selection}): vault {} has more than {} secrets in \
+                "secrets[{index}].{selection}: vault {} has more than {} secrets in \
                  compartment {}; the listing stopped there: select from a smaller vault",
                 spec.vault_id,
                 vault::MAX_PAGES as usize * vault::SECRETS_PAGE_LIMIT,

@@ -470,7 +470,7 @@ async fn a_tag_selecting_more_than_the_file_limit_is_refused_naming_the_setting(
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(
         err.message().contains(
-            "secrets[1] (tag \"team\") selects more than 2 secrets of vault ocid1.vault.oc1..kinds, \
+            "secrets[1].tag \"team\" selects more than 2 secrets of vault ocid1.vault.oc1..kinds, \
              the files this mount may still write (server.max_files_per_mount is 3)"
         ),
         "{}",
@@ -492,7 +492,7 @@ async fn a_tag_listing_the_principal_may_not_inspect_names_the_missing_policy_st
     assert_eq!(err.kind(), ErrorKind::NotFound);
     let message = err.message();
     for needle in [
-        "secrets[0] (tag \"team=payments\"): cannot list the secrets of vault \
+        "secrets[0].tag \"team=payments\": cannot list the secrets of vault \
          ocid1.vault.oc1..kinds in compartment ocid1.compartment.oc1..team",
         "NotAuthorizedOrNotFound",
         &format!("to inspect secrets in compartment id {COMPARTMENT}\""),
@@ -526,5 +526,19 @@ async fn a_tag_listing_reserves_from_the_byte_budget_like_any_fetch() {
         stack.calls(),
         (0, 0, 0),
         "refused before the listing was sent"
+    );
+}
+
+#[tokio::test]
+async fn a_tag_selecting_no_secret_fails_the_mount_as_a_missing_secret_does() {
+    let stack = stack(seed(seven()), MountContext::default()).await;
+    let err = stack.mount("- tag: team=nobody\n").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_eq!(
+        err.message(),
+        format!(
+            "secrets[0].tag \"team=nobody\" selects no ACTIVE secret of vault {VAULT} in \
+             compartment {COMPARTMENT}"
+        )
     );
 }
