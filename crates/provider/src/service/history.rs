@@ -31,6 +31,10 @@ pub(super) async fn versions_entry<V: SecretsService, L: ListingService>(
         Ok(fetched) => fetched,
         Err(ended) => return ended,
     };
+    if current.over {
+        // Past the mount's size already: no listing, no older version.
+        return bundle_files(run, &version(spec, 0), current);
+    }
     let target = match (current.served, &targets.failover) {
         (ServedBy::Failover, Some(failover)) => failover,
         _ => &targets.primary,
