@@ -71,7 +71,7 @@ pub enum ListKind {
         count: usize,
     },
     /// The `ACTIVE` secrets of a vault that `filter` selects, in name order: at most
-    /// `max` (one more stops the listing, [`ListStop::TooMany`]).
+    /// `max` (one more stops the listing, [`crate::ListStop::TooMany`]).
     Secrets {
         /// The compartment OCID (ListSecrets needs it).
         compartment_id: String,
