@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::{MountParameters, SecretSource, SecretSpec, VersionSelector};
+use provider::{MountParameters, SecretSource, SecretSpec, SelectionSpec, VersionSelector};
 use serde_json::{Value, json};
 
 /// Validate SecretProviderClass manifests offline (no network access).
@@ -152,14 +152,24 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
     for r in reports {
         if r.errors.is_empty() {
             let inputs = r.files.iter().filter(|f| f["written"] == false).count();
-            let only_read = match inputs {
-                0 => String::new(),
-                n => format!(" and {n} read by templates only"),
-            };
-            let written = r.files.len() - inputs;
+            let selections = r
+                .files
+                .iter()
+                .filter(|f| f.get("selection").is_some())
+                .count();
+            let mut also = String::new();
+            match selections {
+                0 => {}
+                1 => also.push_str(" and 1 selection"),
+                n => also.push_str(&format!(" and {n} selections")),
+            }
+            if inputs > 0 {
+                also.push_str(&format!(" and {inputs} read by templates only"));
+            }
+            let written = r.files.len() - inputs - selections;
             writeln!(
                 out,
-                "{}: {}/{}: valid, {written} file{}{only_read}",
+                "{}: {}/{}: valid, {written} file{}{also}",
                 r.source,
                 r.namespace,
                 r.name,
@@ -373,6 +383,12 @@ fn files_in_order(params: &MountParameters) -> Vec<Value> {
                 .iter()
                 .map(|t| (t.index, describe_template(t))),
         )
+        .chain(
+            params
+                .selections
+                .iter()
+                .map(|s| (s.index, describe_selection(s))),
+        )
         .collect();
     files.sort_by_key(|(index, _)| *index);
     files.into_iter().flat_map(|(_, f)| f).collect()
@@ -438,6 +454,43 @@ fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
     files
 }
 
+/// The files of a `tag` / `namePrefix` entry, known only once the vault is listed: one
+/// line for them all, saying what is selected, from where.
+fn describe_selection(spec: &SelectionSpec) -> Vec<Value> {
+    let mode = match spec.mode {
+        Some(m) => Value::String(format!("{:04o}", m.get())),
+        None => Value::Null,
+    };
+    let path = match &spec.directory {
+        Some(directory) => format!("{directory}/<each secret's name>"),
+        None => "<each secret's name>".to_owned(),
+    };
+    vec![json!({
+        "path": path,
+        "mode": mode,
+        "source": format!(
+            "every ACTIVE secret with {} (listed at mount time), compartment {}",
+            spec.describe(),
+            spec.compartment_id
+        ),
+        "vault": spec.vault_id,
+        "selector": "stage CURRENT",
+        "key": "",
+        "encoding": spec.encoding.as_str(),
+        "selection": spec.describe(),
+        "written": true,
+    })]
+}
+
+/// What the `k`th file of a version history holds.
+fn history_selector(k: usize) -> String {
+    match k {
+        0 => "the current version".to_owned(),
+        1 => "the version before the current".to_owned(),
+        k => format!("{k} versions before the current"),
+    }
+}
+
 /// The files one entry writes, as `check` prints them.
 fn describe(spec: &SecretSpec) -> Vec<Value> {
     let (mut source, vault) = match &spec.source {
@@ -479,6 +532,11 @@ fn describe(spec: &SecretSpec) -> Vec<Value> {
     }
     if spec.whole {
         files.push(file(spec.path.as_str(), mode(spec.mode), ""));
+    }
+    for (k, path) in spec.history.iter().enumerate() {
+        let mut version = file(path.as_str(), mode(spec.mode), "");
+        version["selector"] = Value::String(history_selector(k));
+        files.push(version);
     }
     files
 }

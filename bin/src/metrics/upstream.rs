@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// Which class of upstream an authority is (`secrets`, `kubernetes`, `proxymux`,
-/// `federation`, `imds`): the configured endpoints, then the OCI host names.
+/// Which class of upstream an authority is (`secrets`, `certificates`, `vaults`,
+/// `kubernetes`, `proxymux`, `federation`, `imds`): the configured endpoints, then the OCI host names.
 #[derive(Debug, Default)]
 pub(crate) struct HostClasses(std::collections::BTreeMap<String, &'static str>);
 
@@ -21,6 +21,8 @@ impl HostClasses {
             "secrets"
         } else if host.starts_with("certificates.") {
             "certificates"
+        } else if host.starts_with("vaults.") {
+            "vaults"
         } else if host.starts_with("auth.") {
             "federation"
         } else if host == "169.254.169.254" {

@@ -229,3 +229,20 @@ fn with_the_providers_config_a_switched_off_auth_type_and_an_unlisted_region_are
     assert!(out.contains("auth.allowed_types [workload]"), "{out}");
     assert!(out.contains("auth.allowed_regions (iad)"), "{out}");
 }
+
+#[test]
+fn versions_and_tag_selections_print_each_version_file_and_what_they_select() {
+    let (code, out, _) = check(&["kinds.yaml"], None);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out, golden("kinds.txt"));
+    let (_, json, _) = check(&["--output", "json", "kinds.yaml"], None);
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let files = parsed[0]["files"].as_array().unwrap();
+    let selection = &files[3];
+    assert_eq!(selection["path"], "payments/<each secret's name>");
+    assert_eq!(
+        selection["selection"],
+        "tag \"team=payments\" and namePrefix \"app-\""
+    );
+    assert_eq!(files[1]["selector"], "the version before the current");
+}

@@ -18,7 +18,9 @@ mod admission;
 mod echoes;
 mod instance;
 mod prometheus;
+mod tags;
 mod templates;
+mod versions;
 
 const NAMESPACE: &str = "storm";
 const VAULT: &str = "ocid1.vault.oc1.iad.e2e";

@@ -41,6 +41,7 @@ pub fn extract_keys(
         // As without a `fileName` of the entry's own: the keys alone are written.
         whole: false,
         failover: None,
+        history: Vec::new(),
         write: true,
     };
     // The answer is held in the budget as `Budget` holds it (its weight), for a namespace

@@ -32,10 +32,11 @@ pub(crate) async fn handle(
         Endpoint::Kube => kube(shared, parts, body),
         Endpoint::Imds => imds(shared, parts),
         Endpoint::Certificates => certificates(shared, parts, body),
+        Endpoint::Vaults => crate::listing::vaults(shared, parts, body),
     }
 }
 
-fn unauthenticated(msg: &str) -> Reply {
+pub(crate) fn unauthenticated(msg: &str) -> Reply {
     oci_error(
         StatusCode::UNAUTHORIZED,
         "NotAuthenticated",
@@ -45,7 +46,7 @@ fn unauthenticated(msg: &str) -> Reply {
     )
 }
 
-fn not_found() -> Reply {
+pub(crate) fn not_found() -> Reply {
     oci_error(
         StatusCode::NOT_FOUND,
         "NotAuthorizedOrNotFound",
@@ -54,7 +55,11 @@ fn not_found() -> Reply {
 }
 
 /// Authenticates an OCI-signed request (user key or `ST$` token).
-fn authenticate(shared: &Shared, parts: &Parts, body: &[u8]) -> Result<Principal, String> {
+pub(crate) fn authenticate(
+    shared: &Shared,
+    parts: &Parts,
+    body: &[u8],
+) -> Result<Principal, String> {
     let params = sig::parse_authorization(parts)?;
     let signing = sig::signing_string(parts, body, &params, false, shared.now())?;
     let (principal, key) = if let Some(token) = params.key_id.strip_prefix("ST$") {
@@ -106,7 +111,17 @@ fn secrets(shared: &Shared, parts: &Parts, body: &[u8], rid: &str) -> Reply {
         status: 0,
         request_id: rid.to_owned(),
     };
-    let reply = secrets_inner(shared, parts, body, &mut call);
+    let versions = parts
+        .uri
+        .path()
+        .strip_prefix("/20190301/secretbundles/")
+        .and_then(|rest| rest.strip_suffix("/versions"))
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+        .map(str::to_owned);
+    let reply = match versions {
+        Some(id) => crate::listing::versions(shared, parts, body, &id, &mut call),
+        None => secrets_inner(shared, parts, body, &mut call),
+    };
     call.status = reply.status.as_u16();
     shared.state().secrets_calls.push(call);
     reply

@@ -24,17 +24,20 @@ pub enum Endpoint {
     Imds,
     /// OCI Certificates retrieval API (HTTPS).
     Certificates,
+    /// OCI Vault (secret management) API: ListSecrets (HTTPS).
+    Vaults,
 }
 
 impl Endpoint {
     /// All endpoints.
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::Secrets,
         Endpoint::Auth,
         Endpoint::Proxymux,
         Endpoint::Kube,
         Endpoint::Imds,
         Endpoint::Certificates,
+        Endpoint::Vaults,
     ];
 
     /// Whether this endpoint is served over TLS.
@@ -52,6 +55,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Kube => "kube",
             Endpoint::Imds => "imds",
             Endpoint::Certificates => "certificates",
+            Endpoint::Vaults => "vaults",
         })
     }
 }

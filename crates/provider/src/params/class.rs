@@ -7,7 +7,9 @@ use bounded::quote;
 use csi_grpc::Pod;
 
 use super::problems::ParamError;
-use super::spec::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, VAULT_ID};
+use super::spec::{
+    AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, COMPARTMENT_ID, MAX_OCI_PARAMETER_LEN, VAULT_ID,
+};
 
 pub(super) fn parse_auth(
     attributes: &BTreeMap<String, String>,
@@ -116,6 +118,17 @@ pub(super) fn parse_vault_id(
     }
 }
 
+/// The class-level `compartmentId`, when given: the compartment `tag` and `namePrefix`
+/// entries list, unless they name their own.
+pub(super) fn parse_compartment_id(
+    attributes: &BTreeMap<String, String>,
+) -> Result<Option<String>, ParamError> {
+    match attributes.get(COMPARTMENT_ID).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(id) => check_ocid("parameter \"compartmentId\"", id, "compartment").map(Some),
+    }
+}
+
 /// An OCID a user wrote: at most 255 characters, no surrounding spaces, and (for secret and
 /// vault OCIDs) of the right type, so a typo is named before any call.
 pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
@@ -133,7 +146,9 @@ pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, Par
     };
     // The Go provider sent any vaultId as given; only OCIDs of what it did not read (secret
     // and certificate OCIDs, new) are held to their type.
-    if kind != "vault" && !id.starts_with(prefix) {
+    // A tenancy is its own root compartment.
+    let root = kind == "compartment" && id.starts_with("ocid1.tenancy.");
+    if kind != "vault" && !id.starts_with(prefix) && !root {
         return Err(ParamError::new(format!(
             "{what} {} is not a {kind} OCID: it must start with {prefix}",
             quote(id)

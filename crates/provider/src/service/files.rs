@@ -82,6 +82,26 @@ pub(crate) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), M
     ))
 }
 
+/// With selections, what only the listings told: the files together stay within
+/// `max_files` (each listing was bounded alone) and no selected secret's file is another's.
+pub(super) fn check_selected(files: &[File], max_files: usize) -> Result<(), MountError> {
+    if files.len() > max_files {
+        return Err(MountError::invalid_argument(format!(
+            "unable to retrieve secrets: the mount would write {} files with the secrets its \
+             tag and namePrefix entries select, more than the {max_files} one mount may write \
+             (server.max_files_per_mount); narrow the selections or split them over several \
+             SecretProviderClasses",
+            files.len()
+        )));
+    }
+    csi_grpc::validate_file_set(files.iter().map(|f| &f.path)).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "unable to retrieve secrets: a secret selected by tag or namePrefix would be \
+             written where another entry writes: {e}; give the selection a directory"
+        ))
+    })
+}
+
 /// The object versions of a mount's secret entries, each `(file, secret OCID, version)`.
 /// The driver keys versions by id; one OCID mounted twice (two versions, two files) would
 /// collapse, so such ids carry the file path.
