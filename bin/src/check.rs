@@ -78,6 +78,8 @@ struct Report {
     namespace: String,
     files: Vec<Value>,
     errors: Vec<String>,
+    /// Never fatal (a misspelt parameter is ignored, as the driver's own attributes are).
+    warnings: Vec<String>,
 }
 
 /// Runs `check` (`args` starts with `check`); exit 0 when every class is valid, 1 when any
@@ -127,6 +129,7 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
                     "valid": r.errors.is_empty(),
                     "files": r.files,
                     "errors": r.errors,
+                    "warnings": r.warnings,
                 })
             })
             .collect();
@@ -176,22 +179,7 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
                 if written == 1 { "" } else { "s" }
             )?;
             for f in &r.files {
-                let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
-                let mode = f["mode"]
-                    .as_str()
-                    .map_or_else(|| "(the driver's permission)".to_owned(), str::to_owned);
-                let mut line = format!("  {}  {mode}  {}", text("path"), text("source"));
-                for (k, label) in [("vault", "vault"), ("selector", ""), ("key", "key")] {
-                    let v = text(k);
-                    if !v.is_empty() {
-                        line.push_str(&if label.is_empty() {
-                            format!(", {v}")
-                        } else {
-                            format!(", {label} {v}")
-                        });
-                    }
-                }
-                writeln!(out, "{line}")?;
+                writeln!(out, "{}", file_line(f))?;
             }
         } else {
             writeln!(
@@ -207,12 +195,36 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
                 writeln!(out, "  {e}")?;
             }
         }
+        for w in &r.warnings {
+            writeln!(out, "  warning: {w}")?;
+        }
     }
     Ok(())
 }
 
+/// One file of a valid class, as the text output lists it.
+fn file_line(f: &Value) -> String {
+    let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
+    let mode = f["mode"]
+        .as_str()
+        .map_or_else(|| "(the driver's permission)".to_owned(), str::to_owned);
+    let mut line = format!("  {}  {mode}  {}", text("path"), text("source"));
+    for (k, label) in [("vault", "vault"), ("selector", ""), ("key", "key")] {
+        let v = text(k);
+        if !v.is_empty() {
+            line.push_str(&if label.is_empty() {
+                format!(", {v}")
+            } else {
+                format!(", {label} {v}")
+            });
+        }
+    }
+    line
+}
+
 fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> Vec<Report> {
     let report = |name: &str, namespace: &str, error: String| Report {
+        warnings: Vec::new(),
         source: source.to_owned(),
         name: name.to_owned(),
         namespace: namespace.to_owned(),
@@ -271,6 +283,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         namespace: namespace.clone(),
         files: Vec::new(),
         errors: Vec::new(),
+        warnings: Vec::new(),
     };
     if object["kind"].as_str() != Some("SecretProviderClass") {
         r.errors.push(format!(
@@ -286,6 +299,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         ));
     }
     let attributes = string_parameters(&object["spec"]["parameters"], &mut r.errors);
+    r.warnings = MountParameters::warnings(&attributes);
     let pod = csi_grpc::Pod {
         namespace: Some(namespace),
         name: Some("check".to_owned()),

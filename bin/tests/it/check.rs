@@ -151,6 +151,60 @@ fn empty_input_says_so_and_one_file_is_one_file() {
 }
 
 #[test]
+fn a_misspelt_field_or_parameter_is_named_once_with_what_was_meant() {
+    let class = |parameters: &str, entries: &str| {
+        format!(
+            "kind: SecretProviderClass\nmetadata: {{name: c, namespace: ns}}\nspec:\n  provider: oci\n  parameters:\n{parameters}    secrets: |\n{entries}"
+        )
+    };
+    // An unknown entry field: once, where, and what was meant; no stale list of fields.
+    let (code, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n",
+            "      - name: a\n        encodng: base64\n",
+        )),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("-: ns/c: 1 error\n"), "{out}");
+    assert!(
+        out.contains(
+            "line 2, column 3: unknown field \"encodng\" in an entry; did you mean \"encoding\"?"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("expected a YAML list"), "{out}");
+    // In a keys item, and far from any name: the item's fields are listed.
+    let (_, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n",
+            "      - name: a\n        keys:\n        - key: k\n          colour: red\n",
+        )),
+    );
+    assert!(
+        out.contains(
+            "unknown field \"colour\" in a keys item; a keys item takes key, fileName, mode"
+        ),
+        "{out}"
+    );
+    // A misspelt class parameter: a warning, never an error.
+    let (code, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n    regoin: iad\n    failoverregion: phx\n",
+            "      - name: a\n",
+        )),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("  warning: parameter \"regoin\" is not one the provider reads (ignored); did you mean \"region\"?\n"),
+        "{out}"
+    );
+    assert!(out.contains("did you mean \"failoverRegion\"?"), "{out}");
+}
+
+#[test]
 fn every_problem_of_one_class_is_named_in_one_run() {
     // A bad region, an unquoted mode, an escaping fileName and both versionNumber and stage:
     // four problems, each on its line (it used to stop at the region).

@@ -6,10 +6,46 @@ use std::collections::BTreeMap;
 use bounded::quote;
 use csi_grpc::Pod;
 
-use super::problems::ParamError;
+use super::problems::{ParamError, nearest};
 use super::spec::{
-    AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, COMPARTMENT_ID, MAX_OCI_PARAMETER_LEN, VAULT_ID,
+    AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, COMPARTMENT_ID, FAILOVER_REGION, FAILOVER_VAULT_ID,
+    MAX_OCI_PARAMETER_LEN, REGION, SECRETS, VAULT_ID,
 };
+
+/// The class parameters the provider reads.
+const CLASS_PARAMETERS: [&str; 8] = [
+    SECRETS,
+    VAULT_ID,
+    AUTH_TYPE,
+    AUTH_SECRET_NAME,
+    REGION,
+    FAILOVER_REGION,
+    FAILOVER_VAULT_ID,
+    COMPARTMENT_ID,
+];
+
+/// The most warnings of one class.
+const MAX_WARNINGS: usize = 8;
+
+/// A warning for each attribute that looks like a misspelt class parameter (`vaultid`,
+/// `regoin`), naming the parameter meant. Never an error: the driver passes attributes of
+/// its own (`csi.storage.k8s.io/...`, `secretProviderClass`), and other providers' classes
+/// may hold parameters of theirs.
+pub(super) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<String> {
+    attributes
+        .keys()
+        .filter(|k| !CLASS_PARAMETERS.contains(&k.as_str()) && !k.contains('/'))
+        .filter_map(|k| {
+            nearest(k, &CLASS_PARAMETERS).map(|meant| {
+                format!(
+                    "parameter {} is not one the provider reads (ignored); did you mean \"{meant}\"?",
+                    quote(k)
+                )
+            })
+        })
+        .take(MAX_WARNINGS)
+        .collect()
+}
 
 pub(super) fn parse_auth(
     attributes: &BTreeMap<String, String>,

@@ -65,6 +65,12 @@ fn check_failover(
 }
 
 impl MountParameters {
+    /// Warnings about the class, never fatal: each attribute that looks like a misspelt
+    /// parameter (`vaultid`, `regoin`), with the parameter meant.
+    pub fn warnings(attributes: &BTreeMap<String, String>) -> Vec<String> {
+        class::misspelt_parameters(attributes)
+    }
+
     /// Validates the parameters of a mount. `pod` is needed where the identity depends on
     /// it (user and workload principals). At most [`DEFAULT_MAX_SECRETS`] entries.
     pub fn parse(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<Self, ParamError> {
@@ -205,6 +211,12 @@ mod tests {
             bounded::yaml::from_str(EVERY_FIELD, &bounded::ParseBudget::new(4096)).unwrap();
         let given = raw.given();
         assert_eq!(given.len(), 26, "every field of RawSecret is in the table");
+        let names: Vec<&str> = given.iter().map(|(field, _)| *field).collect();
+        assert_eq!(
+            names,
+            yaml::ENTRY_FIELDS,
+            "the fields an unknown one is matched against"
+        );
         let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];
         for kind in [
             CertificateKind::Certificate,

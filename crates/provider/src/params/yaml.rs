@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 
 use bounded::{BoundedString, ParseBudget};
 
-use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX};
+use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX, nearest};
 use super::spec::{CertificateKind, MAX_VERSIONS, ParseLimits, SECRETS};
 
 /// The largest `secrets` parameter parsed: 256 entries of 1 KiB each. Its aliases may
@@ -281,11 +281,73 @@ pub(super) fn parse_secrets_yaml(
             "{UNMARSHAL_PREFIX}: the list was refused: {e} (anchors and aliases may repeat a \
              value, not multiply the list)"
         )),
-        e => ParamError::new(format!(
-            "{UNMARSHAL_PREFIX}: expected a YAML list of {{name, stage, versionNumber, fileName}}: {}",
-            e.detail()
-        )),
+        e => ParamError::new(match unknown_field(&e) {
+            Some(unknown) => format!("{UNMARSHAL_PREFIX}: {unknown}"),
+            None => format!(
+                "{UNMARSHAL_PREFIX}: expected a YAML list of entries (name, secretId, \
+                 certificateId, template, ...): {}",
+                e.detail()
+            ),
+        }),
     })
+}
+
+/// Every field an entry of the list may have (the field table's, [`RawSecret::given`]).
+pub(super) const ENTRY_FIELDS: [&str; 26] = [
+    "name",
+    "secretId",
+    "vaultId",
+    "fileName",
+    "encoding",
+    "keys",
+    "versions",
+    "tag",
+    "namePrefix",
+    "compartmentId",
+    "format",
+    "failoverVaultId",
+    "stage",
+    "versionNumber",
+    "versionName",
+    "privateKey",
+    "directory",
+    "certFileName",
+    "chainFileName",
+    "keyFileName",
+    "mode",
+    "template",
+    "writeFile",
+    "certificateId",
+    "certificateAuthorityId",
+    "caBundleId",
+];
+
+/// The fields of a `keys` item.
+const KEY_FIELDS: [&str; 3] = ["key", "fileName", "mode"];
+
+/// An unknown field, said once, where it is and what was meant: "line 3, column 5: unknown
+/// field "encodng" in an entry; did you mean "encoding"?" (`None`: another error).
+fn unknown_field(e: &bounded::ParseError) -> Option<String> {
+    let detail = e.detail();
+    let (_, rest) = detail.split_once("unknown field `")?;
+    let name = rest.split_once('`').map_or(rest, |(name, _)| name);
+    let in_key = rest.contains("expected one of `key`") || rest.contains("expected one of key,");
+    let (known, what): (&[&str], _) = if in_key {
+        (&KEY_FIELDS, "a keys item")
+    } else {
+        (&ENTRY_FIELDS, "an entry")
+    };
+    let at = e.position().map_or_else(String::new, |(line, column)| {
+        format!("line {line}, column {column}: ")
+    });
+    let hint = match nearest(name, known) {
+        Some(meant) => format!("did you mean \"{meant}\"?"),
+        None => format!("{what} takes {}", known.join(", ")),
+    };
+    Some(format!(
+        "{at}unknown field {} in {what}; {hint}",
+        bounded::quote(name)
+    ))
 }
 
 /// A YAML sequence of [`RawSecret`] of at most `max` entries: past it, deserializing stops

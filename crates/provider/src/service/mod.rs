@@ -139,6 +139,11 @@ where
             attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
             "reading the SecretProviderClass parameters",
         )?;
+        // A misspelt parameter is never fatal (the driver passes attributes of its own), but
+        // the operator reading the log is told what was meant.
+        for warning in MountParameters::warnings(&request.attributes) {
+            tracing::warn!(%warning, "SecretProviderClass parameter");
+        }
         let params = MountParameters::parse_within(
             &request.attributes,
             &request.pod,
