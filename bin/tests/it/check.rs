@@ -300,3 +300,73 @@ fn versions_and_tag_selections_print_each_version_file_and_what_they_select() {
     );
     assert_eq!(files[1]["selector"], "the version before the current");
 }
+
+/// Every SecretProviderClass the README shows, and every fragment of one (`parameters:`,
+/// `secrets: |` or an entry list), is one `check` finds valid: the examples stay true.
+#[test]
+fn every_secret_provider_class_of_the_readme_is_valid() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let indent = |text: &str, by: usize| -> String {
+        text.lines()
+            .map(|l| format!("{}{l}\n", " ".repeat(by)))
+            .collect()
+    };
+    let class = |parameters: &str| {
+        // The class's own parameters are the fragment's unindented lines.
+        let has = |p: &str| parameters.lines().any(|l| l.starts_with(p));
+        let mut defaults = String::new();
+        if !has("authType:") {
+            defaults.push_str("authType: workload\n");
+        }
+        if !has("vaultId:") {
+            defaults.push_str("vaultId: ocid1.vault.oc1.iad.readme\n");
+        }
+        format!(
+            "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\nmetadata: {{ name: readme, namespace: app }}\nspec:\n  provider: oci\n  parameters:\n{}{}",
+            indent(&defaults, 4),
+            indent(parameters, 4)
+        )
+    };
+    let mut checked = 0;
+    for block in readme.split("```yaml\n").skip(1) {
+        let block = &block[..block.find("```").unwrap()];
+        // Outdent a fragment cut from an indented manifest.
+        let margin = block
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.len() - l.trim_start().len())
+            .min()
+            .unwrap_or(0);
+        let block: String = block
+            .lines()
+            .map(|l| format!("{}\n", l.get(margin..).unwrap_or("")))
+            .collect();
+        let classes: Vec<String> = if block.contains("kind: SecretProviderClass") {
+            block
+                .split("\n---\n")
+                .filter(|doc| doc.contains("kind: SecretProviderClass"))
+                .map(str::to_owned)
+                .collect()
+        } else if let Some(parameters) = block.strip_prefix("parameters:\n") {
+            vec![class(
+                &parameters
+                    .lines()
+                    .map(|l| format!("{}\n", l.get(2..).unwrap_or("")))
+                    .collect::<String>(),
+            )]
+        } else if block.starts_with("secrets: |") {
+            vec![class(&block)]
+        } else if block.starts_with("- ") && !block.starts_with("- alert") {
+            vec![class(&format!("secrets: |\n{}", indent(&block, 2)))]
+        } else {
+            continue;
+        };
+        for class in classes {
+            let (code, out, err) = check(&["-"], Some(&class));
+            assert_eq!(code, 0, "README block:\n{class}\n{out}{err}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} classes checked");
+}
