@@ -25,6 +25,11 @@ use crate::params::MountParameters;
 /// An entry running.
 type Running<'a> = BoxFuture<'a, EntryOutcome>;
 
+/// An entry not yet started: what it needs is borrowed, so an entry waiting its turn holds
+/// a pointer's worth of memory, not a request, a service and a future (a list of hundreds
+/// of small entries would otherwise hold them all at once).
+type Start<'a> = Box<dyn FnOnce() -> Running<'a> + Send + 'a>;
+
 /// The fetch services of a mount: secrets, certificates, listings.
 pub(super) type Services<'s, V, C, L> = (&'s V, &'s C, &'s L);
 
@@ -55,90 +60,97 @@ pub(super) fn static_files(params: &MountParameters) -> usize {
         .sum()
 }
 
-/// Every secret, version history and selection of the class, started: each waits for a
-/// fan-out permit.
+/// Every secret, version history and selection of the class, ready to start: each then
+/// waits for a fan-out permit.
 fn start_secrets<'a, V: SecretsService, C, L: ListingService>(
     run: &'a MountRun<'_>,
-    (secrets, _, listings): Services<'_, V, C, L>,
+    (secrets, _, listings): Services<'a, V, C, L>,
     params: &'a MountParameters,
     targets: &'a Targets,
-) -> FuturesUnordered<Running<'a>> {
+) -> Vec<Start<'a>> {
     let deadline = run.request.deadline;
-    let pending: FuturesUnordered<Running<'a>> = FuturesUnordered::new();
+    let mut pending: Vec<Start<'a>> = Vec::new();
     for spec in &params.secrets {
-        let span = tracing::info_span!(
-            "fetch secret",
-            entry = spec.index,
-            secret = %quote(spec.source.display()),
-            versions = spec.history.len(),
-            region = tracing::field::Empty,
-            lookup = tracing::field::Empty,
-            listing = tracing::field::Empty,
-            oci.request_id = tracing::field::Empty,
-            error.kind = tracing::field::Empty,
-        );
-        let requests = secret_requests(spec, targets, deadline);
-        let services = (secrets.clone(), listings.clone());
-        let recorded = span.clone();
-        let entry = async move {
-            if spec.history.is_empty() {
-                secret_entry(run, services.0, spec, requests, &recorded).await
-            } else {
-                versions_entry(run, services, spec, requests, targets, &recorded).await
-            }
-        };
-        pending.push(Box::pin(entry.instrument(span)));
+        pending.push(Box::new(move || {
+            let span = tracing::info_span!(
+                "fetch secret",
+                entry = spec.index,
+                secret = %quote(spec.source.display()),
+                versions = spec.history.len(),
+                region = tracing::field::Empty,
+                lookup = tracing::field::Empty,
+                listing = tracing::field::Empty,
+                oci.request_id = tracing::field::Empty,
+                error.kind = tracing::field::Empty,
+            );
+            let requests = secret_requests(spec, targets, deadline);
+            let services = (secrets.clone(), listings.clone());
+            let recorded = span.clone();
+            let entry = async move {
+                if spec.history.is_empty() {
+                    secret_entry(run, services.0, spec, requests, &recorded).await
+                } else {
+                    versions_entry(run, services, spec, requests, targets, &recorded).await
+                }
+            };
+            Box::pin(entry.instrument(span)) as Running<'a>
+        }));
     }
     let room = run.config.max_files.saturating_sub(static_files(params));
     for spec in &params.selections {
-        let span = tracing::info_span!(
-            "select secrets",
-            entry = spec.index,
-            selection = %spec.describe(),
-            region = tracing::field::Empty,
-            lookup = tracing::field::Empty,
-            listing = tracing::field::Empty,
-            oci.request_id = tracing::field::Empty,
-            error.kind = tracing::field::Empty,
-        );
-        let services = (secrets.clone(), listings.clone());
-        let recorded = span.clone();
-        let entry =
-            async move { selection_entry(run, services, spec, (targets, room), &recorded).await };
-        pending.push(Box::pin(entry.instrument(span)));
+        pending.push(Box::new(move || {
+            let span = tracing::info_span!(
+                "select secrets",
+                entry = spec.index,
+                selection = %spec.describe(),
+                region = tracing::field::Empty,
+                lookup = tracing::field::Empty,
+                listing = tracing::field::Empty,
+                oci.request_id = tracing::field::Empty,
+                error.kind = tracing::field::Empty,
+            );
+            let services = (secrets.clone(), listings.clone());
+            let recorded = span.clone();
+            let entry = async move {
+                selection_entry(run, services, spec, (targets, room), &recorded).await
+            };
+            Box::pin(entry.instrument(span)) as Running<'a>
+        }));
     }
     pending
 }
 
-/// Every certificate entry of the class, started.
+/// Every certificate entry of the class, ready to start.
 fn start_certificates<'a, C: CertificateService>(
     run: &'a MountRun<'_>,
-    certificates: &C,
+    certificates: &'a C,
     params: &'a MountParameters,
-    targets: &Targets,
-) -> Vec<Running<'a>> {
+    targets: &'a Targets,
+) -> Vec<Start<'a>> {
     let deadline = run.request.deadline;
-    let mut pending: Vec<Running<'a>> = Vec::new();
+    let mut pending: Vec<Start<'a>> = Vec::new();
     for spec in &params.certificates {
-        let span = tracing::info_span!(
-            "fetch certificate",
-            entry = spec.index,
-            certificate = %spec.id,
-            private_key = spec.private_key,
-            oci.request_id = tracing::field::Empty,
-            error.kind = tracing::field::Empty,
-        );
-        let call = crate::certificates::request(
-            spec,
-            &targets.primary.endpoints.certificates,
-            &targets.primary.session,
-            deadline,
-        );
-        let certificates = certificates.clone();
-        let recorded = span.clone();
-        let entry =
-            async move { certificate_entry(run, certificates, spec, call, &recorded).await };
-        pending.push(Box::pin(entry.instrument(span)));
+        pending.push(Box::new(move || {
+            let span = tracing::info_span!(
+                "fetch certificate",
+                entry = spec.index,
+                certificate = %spec.id,
+                private_key = spec.private_key,
+                oci.request_id = tracing::field::Empty,
+                error.kind = tracing::field::Empty,
+            );
+            let call = crate::certificates::request(
+                spec,
+                &targets.primary.endpoints.certificates,
+                &targets.primary.session,
+                deadline,
+            );
+            let certificates = certificates.clone();
+            let recorded = span.clone();
+            let entry =
+                async move { certificate_entry(run, certificates, spec, call, &recorded).await };
+            Box::pin(entry.instrument(span)) as Running<'a>
+        }));
     }
     pending
 }
@@ -149,13 +161,27 @@ async fn gather(
     run: &MountRun<'_>,
     params: &MountParameters,
     established: &auth::Established,
-    mut pending: FuturesUnordered<Running<'_>>,
+    pending: Vec<Start<'_>>,
 ) -> Result<Vec<EntryFiles>, MountError> {
-    let mut entries = Vec::with_capacity(pending.len());
+    let total = pending.len();
+    let mut entries = Vec::with_capacity(total);
+    // Entries start as others end: at most `fan_out` of them exist at once (each waits for
+    // its fetch permit too), whatever the length of the list.
+    let mut waiting = pending.into_iter();
+    let mut pending: FuturesUnordered<Running<'_>> = waiting
+        .by_ref()
+        .take(run.config.fan_out.max(1))
+        .map(|start| start())
+        .collect();
+    let mut ended = 0;
     let mut failures = Vec::new();
     // What the secrets fetched so far took, for the message of a mount past its size.
     let mut fetched: Vec<(usize, FilePath, usize)> = Vec::new();
     while let Some(outcome) = pending.next().await {
+        ended += 1;
+        if let Some(start) = waiting.next() {
+            pending.push(start());
+        }
         // Returning or breaking drops `pending`: the entries still running are cancelled.
         match outcome {
             EntryOutcome::Files(files) => {
@@ -187,7 +213,7 @@ async fn gather(
             EntryOutcome::Stop(err) => return Err(err),
         }
     }
-    let abandoned = pending.len();
+    let abandoned = total - ended;
     drop(pending);
     if !failures.is_empty() {
         return Err(combine(

@@ -508,3 +508,39 @@ fn fuzz_certificate_material_peak_heap_is_bounded_by_what_the_mount_reads() {
         .check("certificate material")
     });
 }
+
+/// A list of the most entries a mount may have, each as small as an entry can be: what a
+/// mount holds per entry is bounded by its fan-out, not by the list's length (entries wait
+/// for their turn as a few bytes each, not as a started fetch).
+#[test]
+fn the_most_entries_of_the_smallest_kind_stay_within_the_bound() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut vault = Vault::default();
+    let mut secrets = String::new();
+    for i in 0..256 {
+        let name = format!("s{i}");
+        secrets.push_str(&format!("- name: {name}\n"));
+        vault = vault.with(
+            &name,
+            Behaviour::Bundle {
+                content: b"v".to_vec(),
+                secret_id: format!("ocid1.vaultsecret.oc1..{name}"),
+                version: 1,
+            },
+        );
+    }
+    let measured = measure_mount(
+        wire_request(&secrets, &[]),
+        vault,
+        oci_csi_provider::NoCertificates,
+        256,
+    );
+    if std::env::var_os("HEAP_REPORT").is_some() {
+        eprintln!("256 minimal entries: {measured:?}");
+    }
+    assert!(
+        measured.peak <= measured.bound(),
+        "{measured:?} over {}",
+        measured.bound()
+    );
+}
