@@ -14,12 +14,13 @@
 //! and `OciMount` takes fetch services that answer `Held`. So every fetch kind (secrets,
 //! certificates, listings, any future kind) goes through the reservation, the namespace's share and
 //! the mount's running total, or does not compile. While a fetch waits out a retry backoff
-//! its reservation goes back (`vault::with_backoff`).
+//! its reservation goes back: the budget puts its `vault::BackoffHook` in the request it
+//! passes on (`vault::WithBackoff`), and the retries below tell it of each wait.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
@@ -378,8 +379,9 @@ impl<T> Held<T> {
 /// Every fetch of a mount within the byte bounds: refused when the mount is over its size
 /// limit already or when no reservation of `reserve` bytes (its namespace's share
 /// included) can be had; the reservation is given back while the fetch waits out a retry
-/// backoff ([`vault::with_backoff`]) and shrunk to the answer's [`Weigh::weight`], which
-/// counts against the mount's running total.
+/// backoff (the request carries the budget's hook to the retries: [`vault::WithBackoff`])
+/// and shrunk to the answer's [`Weigh::weight`], which counts against the mount's running
+/// total.
 #[derive(Clone, Debug)]
 pub struct BudgetLayer {
     budget: Option<ByteBudget>,
@@ -419,7 +421,7 @@ where
     S: Service<R> + Clone + Send + 'static,
     S::Response: Weigh + Send,
     S::Future: Send,
-    R: Send + 'static,
+    R: vault::WithBackoff + Send + 'static,
 {
     type Response = Held<S::Response>;
     type Error = Refused<S::Error>;
@@ -453,6 +455,7 @@ async fn fetch<S, R>(
 where
     S: Service<R>,
     S::Response: Weigh,
+    R: vault::WithBackoff,
 {
     let Metered { request, mount } = metered;
     if mount.over() {
@@ -460,7 +463,14 @@ where
     }
     *slot.lock() = slot.reserve().map_err(Refused::Budget)?;
     let slot = Arc::new(slot);
-    let answer = vault::with_backoff(slot.clone(), ready.call(request)).await;
+    // The hook goes with the request, whichever task the retries below run in (it replaces
+    // any the request carried). It reaches the slot through a weak handle: the reservation
+    // is this fetch's alone and goes back when the fetch ends or is dropped, whoever keeps a
+    // clone of the request.
+    let hook = Arc::new(SlotHook(Arc::downgrade(&slot)));
+    let answer = ready
+        .call(request.with_backoff(vault::Backoff::new(hook)))
+        .await;
     let value = answer.map_err(Refused::Failed)?;
     let weight = value.weight();
     let mut reservation = slot.lock().take();
@@ -475,7 +485,8 @@ where
     })
 }
 
-/// The reservation of one fetch, shared with its backoff hook.
+/// The reservation of one fetch, which its backoff hook ([`SlotHook`]) gives back and takes
+/// again while the fetch lasts.
 struct Slot {
     budget: Option<ByteBudget>,
     namespace: Arc<str>,
@@ -498,15 +509,24 @@ impl Slot {
     }
 }
 
-impl vault::Backoff for Slot {
+/// The backoff hook a fetch's request carries: its [`Slot`], while the fetch lasts.
+struct SlotHook(Weak<Slot>);
+
+impl vault::BackoffHook for SlotHook {
     fn pausing(&self) {
-        drop(self.lock().take());
+        if let Some(slot) = self.0.upgrade() {
+            drop(slot.lock().take());
+        }
     }
 
+    /// Past the end of its fetch a retry takes nothing, and stops.
     fn resuming(&self) -> bool {
-        match self.reserve() {
+        let Some(slot) = self.0.upgrade() else {
+            return false;
+        };
+        match slot.reserve() {
             Ok(reservation) => {
-                *self.lock() = reservation;
+                *slot.lock() = reservation;
                 true
             }
             Err(_) => false,
@@ -530,12 +550,23 @@ mod tests {
         }
     }
 
-    type Below = mock::Mock<&'static str, Answer>;
+    /// A request of the mock below: its name, and the hook the budget put in.
+    #[derive(Debug)]
+    struct Ask(&'static str, vault::Backoff);
 
-    fn budgeted(
-        budget: &ByteBudget,
-        reserve: usize,
-    ) -> (Budget<Below>, mock::Handle<&'static str, Answer>) {
+    impl vault::WithBackoff for Ask {
+        fn with_backoff(self, backoff: vault::Backoff) -> Self {
+            Ask(self.0, backoff)
+        }
+    }
+
+    fn ask(name: &'static str) -> Ask {
+        Ask(name, vault::Backoff::none())
+    }
+
+    type Below = mock::Mock<Ask, Answer>;
+
+    fn budgeted(budget: &ByteBudget, reserve: usize) -> (Budget<Below>, mock::Handle<Ask, Answer>) {
         let (inner, handle) = mock::pair();
         (
             BudgetLayer::new(Some(budget.clone()), reserve).layer(inner),
@@ -548,9 +579,13 @@ mod tests {
         let budget = ByteBudget::with_namespace_share(1000, 1000);
         let (service, mut handle) = budgeted(&budget, 300);
         let mount = MountBytes::new("app", 10_000);
-        let call = tokio::spawn(service.oneshot(Metered::new("a", &mount)));
+        let call = tokio::spawn(service.oneshot(Metered::new(ask("a"), &mount)));
         let (request, reply) = handle.next_request().await.unwrap();
-        assert_eq!(request, "a");
+        assert_eq!(request.0, "a");
+        assert!(
+            request.1.is_set(),
+            "the budget's hook travels in the request"
+        );
         assert_eq!(
             (budget.used(), budget.used_by("app")),
             (300, 300),
@@ -574,7 +609,7 @@ mod tests {
         let (service, mut handle) = budgeted(&budget, 300);
         let mount = MountBytes::new("app", 10_000);
         let refused = service
-            .oneshot(Metered::new("a", &mount))
+            .oneshot(Metered::new(ask("a"), &mount))
             .await
             .unwrap_err();
         assert!(
@@ -585,18 +620,127 @@ mod tests {
         drop(taken);
     }
 
+    type Attempts = mock::Handle<vault::Attempt<vault::SecretRequest>, vault::SecretBundle>;
+    type Client = tower::util::MapErr<
+        mock::Mock<vault::Attempt<vault::SecretRequest>, vault::SecretBundle>,
+        fn(tower::BoxError) -> vault::VaultError,
+    >;
+
+    /// The budget over the vault crate's retries over a mock of the client.
+    fn budgeted_retries(
+        budget: &ByteBudget,
+        reserve: usize,
+    ) -> (Budget<vault::Retry<Client>>, Attempts) {
+        let (client, attempts) = mock::pair();
+        let unbox: fn(tower::BoxError) -> vault::VaultError =
+            |error| *error.downcast::<vault::VaultError>().unwrap();
+        let policy = vault::RetryPolicy {
+            jitter: false,
+            ..vault::RetryPolicy::default()
+        };
+        let retries = vault::RetryLayer::new(policy).layer(client.map_err(unbox));
+        let service = BudgetLayer::new(Some(budget.clone()), reserve).layer(retries);
+        (service, attempts)
+    }
+
+    fn secret_request() -> vault::SecretRequest {
+        vault::SecretRequest {
+            base_url: "https://secrets.example".into(),
+            session: auth::Session::for_tests(auth::Credential::Instance {
+                tenancy: "ocid1.tenancy.oc1..t".into(),
+                instance: "ocid1.instance.oc1..i".into(),
+            }),
+            secret: vault::SecretRef::ById {
+                secret_id: "ocid1.vaultsecret.oc1..s".into(),
+            },
+            selector: vault::Selector::default(),
+            deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(60),
+            backoff: vault::Backoff::none(),
+        }
+    }
+
+    /// A 503 the retries wait out (200 ms, then 400 ms, without jitter).
+    fn unavailable(request: &vault::SecretRequest) -> vault::VaultError {
+        vault::VaultError::Status {
+            subject: Box::new(vault::Subject {
+                object: "secret s".into(),
+                principal: request.identity(),
+                grant: vault::Subject::SECRETS_GRANT,
+            }),
+            oci: vault::OciError {
+                status: 503,
+                code: "ServiceUnavailable".into(),
+                message: "busy".into(),
+            },
+            opc_request_id: None,
+            retry_after_secs: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reservation_goes_back_during_each_retry_wait_through_the_request() {
+        let budget = ByteBudget::new(1000);
+        let (service, mut attempts) = budgeted_retries(&budget, 300);
+        let mount = MountBytes::new("app", 10_000);
+        // The fetch runs in a task of its own: the hook reaches the retries in the request.
+        let call = tokio::spawn(service.oneshot(Metered::new(secret_request(), &mount)));
+        let (attempt, reply) = attempts.next_request().await.unwrap();
+        assert!(attempt.request.backoff.is_set());
+        assert_eq!(budget.used(), 300);
+        reply.send_error(unavailable(&attempt.request));
+        // Halfway through the first wait (200 ms) nothing is held.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(budget.used(), 0, "given back while waiting");
+        let (attempt, reply) = attempts.next_request().await.unwrap();
+        assert_eq!((attempt.number, budget.used()), (2, 300), "taken again");
+        reply.send_error(unavailable(&attempt.request));
+        // Others take the budget during the second wait: the fetch may not go on.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let others = budget.try_reserve(1000).unwrap();
+        let refused = call.await.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Refused::Failed(vault::VaultError::BudgetFull { .. })
+            ),
+            "{refused:?}"
+        );
+        drop(others);
+        assert_eq!(budget.used(), 0, "nothing left held");
+        assert!(attempts.next_request().await.is_none(), "no third attempt");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_fetch_gives_its_reservation_back_whoever_keeps_its_request() {
+        let budget = ByteBudget::new(1000);
+        let (service, mut handle) = budgeted(&budget, 300);
+        let mount = MountBytes::new("app", 10_000);
+        let call = tokio::spawn(service.oneshot(Metered::new(ask("a"), &mount)));
+        // Below, the request is kept (as a recording fake keeps it) with the hook in it.
+        let (kept, _reply) = handle.next_request().await.unwrap();
+        assert_eq!(budget.used(), 300);
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        assert!(kept.1.is_set());
+        assert_eq!(
+            budget.used(),
+            0,
+            "the hook in a kept request holds no bytes"
+        );
+    }
+
     #[tokio::test]
     async fn a_mount_past_its_limit_starts_no_more_fetches() {
         let budget = ByteBudget::new(10_000);
         let (service, mut handle) = budgeted(&budget, 100);
         let mount = MountBytes::new("app", 50);
-        let call = tokio::spawn(service.clone().oneshot(Metered::new("a", &mount)));
+        let call = tokio::spawn(service.clone().oneshot(Metered::new(ask("a"), &mount)));
         let (_, reply) = handle.next_request().await.unwrap();
         reply.send_response(Answer(60));
         let (_, reservation, over) = call.await.unwrap().unwrap().into_parts();
         assert!(over, "60 bytes pass the mount's 50");
         let refused = service
-            .oneshot(Metered::new("b", &mount))
+            .oneshot(Metered::new(ask("b"), &mount))
             .await
             .unwrap_err();
         assert!(matches!(refused, Refused::MountOver), "{refused:?}");
@@ -613,7 +757,7 @@ mod tests {
         handle.allow(0);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let ready = |s: &mut mock::Spawn<Budget<Below>>, cx: &mut std::task::Context<'_>| {
-            Service::<Metered<&'static str>>::poll_ready(s.get_mut(), cx)
+            Service::<Metered<Ask>>::poll_ready(s.get_mut(), cx)
         };
         assert!(ready(&mut service, &mut cx).is_pending());
         handle.allow(1);

@@ -204,6 +204,8 @@ pub(crate) fn request(
         },
         private_key: spec.private_key,
         deadline,
+        // `Budget` puts its hook in when it passes the request on.
+        backoff: vault::Backoff::none(),
     }
 }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 use zeroize::Zeroizing;
 
+use crate::Backoff;
 use crate::bundle::{MalformedBundle, SecretContent};
 use crate::request::{Selector, encode_path_segment};
 
@@ -52,6 +53,8 @@ pub struct CertificateRequest {
     pub private_key: bool,
     /// Every attempt ends by then.
     pub deadline: Instant,
+    /// Told of the sleeps between attempts (as [`crate::SecretRequest::backoff`]).
+    pub backoff: Backoff,
 }
 
 impl CertificateRequest {
@@ -291,6 +294,7 @@ mod tests {
             selector,
             private_key,
             deadline: Instant::now(),
+            backoff: Backoff::none(),
         }
     }
 

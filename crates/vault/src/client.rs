@@ -14,6 +14,7 @@ use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt as _};
 
+use crate::Backoff;
 use crate::bundle::{self, MalformedBundle, SecretBundle};
 use crate::certificate::{self, CertificateBundle, CertificateRequest};
 use crate::error::{OciError, Subject, VaultError};
@@ -47,7 +48,7 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use oci_csi_vault::{
-///     RetryLayer, RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient,
+///     Backoff, RetryLayer, RetryPolicy, SecretRef, SecretRequest, Selector, Stage, VaultClient,
 /// };
 /// use tower::{Layer as _, ServiceExt as _};
 ///
@@ -60,6 +61,7 @@ pub const DEFAULT_USER_AGENT: &str = concat!("oci-csi-vault/", env!("CARGO_PKG_V
 ///         secret: SecretRef::ByName { vault_id: "ocid1.vault.oc1..v".into(), name: "db".into() },
 ///         selector: Selector::Stage(Stage::Current),
 ///         deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+///         backoff: Backoff::none(),
 ///     })
 ///     .await?;
 /// println!("version {}", bundle.version_number);
@@ -158,6 +160,8 @@ pub trait Call: sealed::Sealed + Send + Sync + 'static {
     const API: &'static str;
     /// When the request must be over, retries included.
     fn deadline(&self) -> Instant;
+    /// Told of the sleeps between its attempts ([`crate::Retry`] tells it).
+    fn backoff(&self) -> &Backoff;
     /// As whom (names only).
     fn identity(&self) -> auth::Identity;
     /// The session it is signed with.
@@ -184,6 +188,9 @@ impl Call for SecretRequest {
     const API: &'static str = "secrets";
     fn deadline(&self) -> Instant {
         self.deadline
+    }
+    fn backoff(&self) -> &Backoff {
+        &self.backoff
     }
     fn identity(&self) -> auth::Identity {
         SecretRequest::identity(self)
@@ -218,6 +225,9 @@ impl Call for CertificateRequest {
     const API: &'static str = "certificates";
     fn deadline(&self) -> Instant {
         self.deadline
+    }
+    fn backoff(&self) -> &Backoff {
+        &self.backoff
     }
     fn identity(&self) -> auth::Identity {
         CertificateRequest::identity(self)
@@ -255,6 +265,9 @@ impl Call for PageRequest {
     const API: &'static str = "listings";
     fn deadline(&self) -> Instant {
         self.list.deadline
+    }
+    fn backoff(&self) -> &Backoff {
+        &self.list.backoff
     }
     fn identity(&self) -> auth::Identity {
         PageRequest::identity(self)
@@ -472,7 +485,7 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use crate::request::{SecretRef, Selector, Stage};
-    use crate::{Retry, RetryLayer, RetryPolicy, RetryReason, Stopped};
+    use crate::{Retry, RetryLayer, RetryPolicy, RetryReason, Stopped, WithBackoff as _};
 
     const BUNDLE: &str = r#"{"secretId":"ocid1.vaultsecret.oc1..s","versionNumber":1,
         "secretBundleContent":{"contentType":"BASE64","content":"aGk="},"stages":["CURRENT"]}"#;
@@ -553,6 +566,7 @@ mod tests {
             },
             selector: Selector::Stage(Stage::Current),
             deadline: Instant::now() + deadline,
+            backoff: Backoff::none(),
         }
     }
 
@@ -567,6 +581,7 @@ mod tests {
             selector: Selector::Stage(Stage::Current),
             private_key: false,
             deadline: Instant::now() + Duration::from_secs(30),
+            backoff: Backoff::none(),
         };
         let bundle = script
             .client(no_jitter())
@@ -628,7 +643,7 @@ mod tests {
         resumptions_allowed: std::sync::atomic::AtomicUsize,
     }
 
-    impl crate::Backoff for Recorder {
+    impl crate::BackoffHook for Recorder {
         fn pausing(&self) {
             self.events.lock().unwrap().push("pausing");
         }
@@ -656,12 +671,8 @@ mod tests {
             events: std::sync::Mutex::new(Vec::new()),
             resumptions_allowed: std::sync::atomic::AtomicUsize::new(1),
         });
-        let err = crate::with_backoff(
-            recorder.clone(),
-            client.oneshot(request(Duration::from_secs(60))),
-        )
-        .await
-        .unwrap_err();
+        let request = request(Duration::from_secs(60)).with_backoff(Backoff::new(recorder.clone()));
+        let err = client.oneshot(request).await.unwrap_err();
         assert_eq!(
             *recorder.events.lock().unwrap(),
             ["pausing", "resuming", "pausing", "resuming"]

@@ -53,6 +53,10 @@ impl cache::CacheKey for SecretRequest {
             secret,
             selector,
             deadline: _,
+            // The hook is the caller's budget, not what is asked: requests that differ only
+            // in it get one answer, and a joined caller waits on the first caller's fetch,
+            // whose hook is the one told of its backoffs.
+            backoff: _,
         } = self;
         BundleKey {
             credential: session.credential().clone(),
@@ -148,6 +152,15 @@ mod tests {
         Credential::Instance { tenancy, instance }
     }
 
+    struct NoHook;
+
+    impl crate::BackoffHook for NoHook {
+        fn pausing(&self) {}
+        fn resuming(&self) -> bool {
+            true
+        }
+    }
+
     fn request(credential: Credential) -> SecretRequest {
         SecretRequest {
             base_url: "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com".into(),
@@ -158,6 +171,7 @@ mod tests {
             },
             selector: Selector::Stage(Stage::Current),
             deadline: Instant::now(),
+            backoff: crate::Backoff::none(),
         }
     }
 
@@ -194,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn every_request_field_but_the_deadline_is_in_the_key() {
+    fn every_request_field_but_the_deadline_and_the_backoff_hook_is_in_the_key() {
         let base = request(workload(usize::MAX));
         let key = base.cache_key();
         let mut other = base.clone();
@@ -229,6 +243,9 @@ mod tests {
         let mut other = base.clone();
         other.deadline += std::time::Duration::from_secs(5);
         assert_eq!(other.cache_key(), key, "the deadline is not");
+        let mut other = base.clone();
+        other.backoff = crate::Backoff::new(std::sync::Arc::new(NoHook));
+        assert_eq!(other.cache_key(), key, "the backoff hook is not");
         let mut other = base;
         other.base_url.push('/');
         assert_eq!(other.cache_key(), key, "a trailing slash is not");

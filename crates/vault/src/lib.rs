@@ -33,7 +33,7 @@ mod request;
 mod retry;
 mod tls;
 
-pub use backoff::{Backoff, with_backoff};
+pub use backoff::{Backoff, BackoffHook, WithBackoff};
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};

@@ -10,6 +10,7 @@ use auth::Identity;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::Backoff;
 use crate::bundle::{MalformedBundle, from_json};
 use crate::request::encode_path_segment;
 
@@ -96,6 +97,9 @@ pub struct ListRequest {
     pub kind: ListKind,
     /// Every page and every retry ends by then.
     pub deadline: Instant,
+    /// Told of the sleeps between the attempts of every page (as
+    /// [`crate::SecretRequest::backoff`]).
+    pub backoff: Backoff,
 }
 
 impl ListRequest {
@@ -113,7 +117,8 @@ impl ListRequest {
 }
 
 /// One page of a listing: the listing, and the page token of the previous page's
-/// `opc-next-page` (`None`: the first page).
+/// `opc-next-page` (`None`: the first page). Its retries tell the listing's
+/// [`ListRequest::backoff`].
 #[derive(Debug)]
 pub struct PageRequest {
     /// The listing.
@@ -284,6 +289,7 @@ mod tests {
                 }),
                 kind,
                 deadline: Instant::now(),
+                backoff: Backoff::none(),
             }),
             page: page.map(str::to_owned),
         }

@@ -105,6 +105,8 @@ impl cache::CacheKey for ListRequest {
             session,
             kind,
             deadline: _,
+            // The caller's budget, not what is listed (see `SecretRequest`'s key).
+            backoff: _,
         } = self;
         ListKey {
             credential: session.credential().clone(),
@@ -227,6 +229,7 @@ mod tests {
             }),
             kind,
             deadline: Instant::now(),
+            backoff: crate::Backoff::none(),
         }
     }
 

@@ -7,6 +7,8 @@ use std::str::FromStr;
 use auth::Identity;
 use tokio::time::Instant;
 
+use crate::Backoff;
+
 /// The API version prefix of every Secrets path.
 const API_PREFIX: &str = "/20190301/secretbundles";
 
@@ -132,6 +134,8 @@ pub struct SecretRequest {
     pub selector: Selector,
     /// Every attempt and every sleep between attempts ends by then.
     pub deadline: Instant,
+    /// Told of the sleeps between attempts ([`Backoff::none`]: nobody is).
+    pub backoff: Backoff,
 }
 
 impl SecretRequest {
@@ -237,6 +241,7 @@ mod tests {
             secret,
             selector,
             deadline: Instant::now(),
+            backoff: Backoff::none(),
         }
     }
 

@@ -385,6 +385,8 @@ pub(super) fn secret_requests(
         },
         selector: selector(&spec.selector),
         deadline,
+        // `Budget` puts its hook in when it passes the request on.
+        backoff: vault::Backoff::none(),
     };
     let failover = targets
         .failover

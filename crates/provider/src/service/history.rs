@@ -50,6 +50,8 @@ pub(super) async fn versions_entry<V: SecretsService, L: ListingService>(
             count: spec.history.len(),
         },
         deadline: run.request.deadline,
+        // `Budget` puts its hook in when it passes the request on.
+        backoff: vault::Backoff::none(),
     };
     let what = format!("secrets[{}].versions", spec.index);
     let (listing, held) = match list(run, listings, request, (&what, ""), span).await {
@@ -69,6 +71,7 @@ pub(super) async fn versions_entry<V: SecretsService, L: ListingService>(
             },
             selector: vault::Selector::VersionNumber(older),
             deadline: run.request.deadline,
+            backoff: vault::Backoff::none(),
         };
         let secrets = secrets.clone();
         parts.push(

@@ -41,6 +41,8 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
             max: room,
         },
         deadline: run.request.deadline,
+        // `Budget` puts its hook in when it passes the request on.
+        backoff: vault::Backoff::none(),
     };
     let what = format!("secrets[{index}].{}", spec.describe());
     let hint = policy_hint(&spec.compartment_id);

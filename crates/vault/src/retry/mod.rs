@@ -21,11 +21,10 @@ pub(crate) use policy::unit_random;
 
 /// Retries transient failures (see [`VaultError::is_retryable`]) with the backoff of a
 /// [`RetryPolicy`], honouring `Retry-After` and never sleeping past the request's deadline.
-/// While a retry waits, the caller's [`crate::Backoff`] hook (if the call runs inside
-/// [`crate::with_backoff`]) is told, and may stop the retries
-/// ([`VaultError::BudgetFull`]). A call that fails after retrying is
-/// [`VaultError::Exhausted`], annotating the last failure. Every service this layer makes
-/// counts into the same [`Retries`].
+/// While a retry waits, the [`crate::BackoffHook`] the request carries ([`Call::backoff`],
+/// if one is set) is told, and may stop the retries ([`VaultError::BudgetFull`]). A call
+/// that fails after retrying is [`VaultError::Exhausted`], annotating the last failure.
+/// Every service this layer makes counts into the same [`Retries`].
 #[derive(Clone, Debug)]
 pub struct RetryLayer {
     policy: RetryPolicy,
@@ -165,9 +164,10 @@ impl<R: Call> Retrying<R> {
             );
             self.retries.count(RetryReason::of(&error));
             // No answer is held while sleeping: the caller's reservation goes back meanwhile.
-            crate::backoff::pausing();
+            let backoff = self.request.backoff();
+            backoff.pausing();
             tokio::time::sleep(delay).await;
-            if !crate::backoff::resuming() {
+            if !backoff.resuming() {
                 return Err(VaultError::BudgetFull {
                     subject: subject(&*self.request),
                     last: Box::new(error),

@@ -9,8 +9,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use clock::SystemClock;
 use oci_csi_vault::{
-    CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, Retry, RetryLayer, RetryPolicy,
-    SecretBundle, SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient, VaultError,
+    Backoff, CertificateRef, CertificateRequest, ErrorKind, MalformedBundle, Retry, RetryLayer,
+    RetryPolicy, SecretBundle, SecretRef, SecretRequest, Selector, Stage, TlsFiles, VaultClient,
+    VaultError,
 };
 use testkit::{
     CaSeed, CertificateSeed, Emulator, Endpoint, Fault, KeyKind, Principal, SecretSeed, Seed,
@@ -166,6 +167,7 @@ impl Fixture {
             secret,
             selector,
             deadline: Instant::now() + deadline,
+            backoff: Backoff::none(),
         }
     }
 
@@ -743,6 +745,7 @@ impl Fixture {
             selector,
             private_key: key,
             deadline: Instant::now() + Duration::from_secs(30),
+            backoff: Backoff::none(),
         }
     }
 }

@@ -1,10 +1,13 @@
 //! The retry layer alone, over a `tower_test` mock of the client below it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use oci_csi_vault::{
-    Attempt, ErrorKind, OciError, RetryLayer, RetryPolicy, SecretBundle, SecretContent, SecretRef,
-    SecretRequest, Selector, Stage, Stopped, Subject, VaultError,
+    Attempt, Backoff, BackoffHook, ErrorKind, OciError, RetryLayer, RetryPolicy, SecretBundle,
+    SecretContent, SecretRef, SecretRequest, Selector, Stage, Stopped, Subject, VaultError,
+    WithBackoff as _,
 };
 use tokio::time::Instant;
 use tower::{Layer as _, ServiceExt as _};
@@ -38,6 +41,7 @@ fn request(timeout: Duration) -> SecretRequest {
         },
         selector: Selector::Stage(Stage::Current),
         deadline: Instant::now() + timeout,
+        backoff: Backoff::none(),
     }
 }
 
@@ -182,6 +186,91 @@ async fn one_attempt_only_says_so_to_the_client() {
         matches!(&err, VaultError::Exhausted { attempts: 1, .. }),
         "{err:?}"
     );
+}
+
+/// Counts what the retries told it; always lets them go on.
+#[derive(Default)]
+struct Counting {
+    pausing: AtomicUsize,
+    resuming: AtomicUsize,
+}
+
+impl Counting {
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.pausing.load(Ordering::SeqCst),
+            self.resuming.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl BackoffHook for Counting {
+    fn pausing(&self) {
+        self.pausing.fetch_add(1, Ordering::SeqCst);
+    }
+    fn resuming(&self) -> bool {
+        self.resuming.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+}
+
+/// Fails the first `failures` attempts of a call with a retryable 503, then answers; what
+/// the hook (if any) had been told when each attempt arrived.
+async fn fail_then_answer(
+    handle: &mut mock::Handle<Attempt<SecretRequest>, SecretBundle>,
+    failures: usize,
+    hook: &Counting,
+) -> Vec<(u32, bool, (usize, usize))> {
+    let mut arrivals = Vec::new();
+    for n in 0..=failures {
+        let (attempt, reply) = handle.next_request().await.unwrap();
+        arrivals.push((
+            attempt.number,
+            attempt.request.backoff.is_set(),
+            hook.counts(),
+        ));
+        if n < failures {
+            reply.send_error(unavailable(&attempt.request));
+        } else {
+            reply.send_response(bundle());
+        }
+    }
+    arrivals
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_backoff_hook_travels_in_the_request_and_is_told_of_each_wait() {
+    let (inner, mut handle) = below();
+    let hook = Arc::new(Counting::default());
+    let request = request(Duration::from_secs(60)).with_backoff(Backoff::new(hook.clone()));
+    // The retries run in a task of their own: only the request can bring them the hook.
+    let call = tokio::spawn(RetryLayer::new(policy(5)).layer(inner).oneshot(request));
+    let arrivals = fail_then_answer(&mut handle, 2, &hook).await;
+    assert_eq!(call.await.unwrap().unwrap().version_number, 1);
+    assert_eq!(
+        arrivals,
+        [(1, true, (0, 0)), (2, true, (1, 1)), (3, true, (2, 2))],
+        "told before and after each of the two waits, in the request of every attempt"
+    );
+    assert_eq!(hook.counts(), (2, 2), "nothing after the answer");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_without_a_backoff_hook_retries_as_before() {
+    let (inner, mut handle) = below();
+    let request = request(Duration::from_secs(60));
+    assert!(!request.backoff.is_set());
+    let start = Instant::now();
+    let call = tokio::spawn(RetryLayer::new(policy(5)).layer(inner).oneshot(request));
+    let unused = Counting::default();
+    let arrivals = fail_then_answer(&mut handle, 2, &unused).await;
+    assert_eq!(call.await.unwrap().unwrap().version_number, 1);
+    assert_eq!(
+        arrivals,
+        [(1, false, (0, 0)), (2, false, (0, 0)), (3, false, (0, 0))]
+    );
+    // The policy's waits, 200 then 400 ms, slept in full (no hook to stop them).
+    assert_eq!(Instant::now() - start, Duration::from_millis(600));
 }
 
 #[tokio::test]
