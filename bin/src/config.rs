@@ -152,6 +152,9 @@ pub struct AuthConfig {
     /// Regions a SecretProviderClass may name in `region` / `failoverRegion`; empty: any
     /// region the provider knows in the principal's realm.
     pub allowed_regions: Vec<String>,
+    /// `[auth.workload]`: what serves `authType: workload` (OKE's proxymux, or workload
+    /// identity federation at an identity domain).
+    pub workload: crate::workload::WorkloadConfig,
 }
 
 impl Default for AuthConfig {
@@ -164,6 +167,7 @@ impl Default for AuthConfig {
             key_load_wait_seconds: 10,
             allowed_types: provider::AuthType::ALL.to_vec(),
             allowed_regions: Vec::new(),
+            workload: crate::workload::WorkloadConfig::default(),
         }
     }
 }
@@ -424,7 +428,10 @@ impl Config {
                 "region {region:?}: region can not be empty or have spaces"
             )));
         }
-        Ok(())
+        self.auth
+            .workload
+            .validate(self.region.as_deref(), &self.auth.workload_audience)
+            .map_err(ConfigError)
     }
 
     /// The endpoint, the metrics backend and the debug server.
@@ -640,6 +647,18 @@ impl MapSource {
                 }
                 let path: Vec<String> = path.iter().map(|s| (*s).to_owned()).collect();
                 map.insert(&path, Value::from(value), var);
+            }
+        }
+        for (var, why) in crate::workload::REFUSED_VARIABLES {
+            if env.get(var).is_some_and(|v| !v.is_empty()) {
+                return Err(ConfigError(format!("{var} is set: {why}")));
+            }
+        }
+        for (var, key) in crate::workload::SDK_VARIABLES {
+            if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
+                let path = ["auth", "workload", "federation", key].map(str::to_owned);
+                let parsed: Value = value.parse().unwrap_or_else(|never| match never {});
+                map.insert(&path, parsed, var);
             }
         }
         for (var, key) in [

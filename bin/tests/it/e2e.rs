@@ -287,6 +287,7 @@ async fn each_principal_mounts_real_files_from_the_emulator() {
             Some(Principal::User { .. }) => "user".to_owned(),
             Some(Principal::Workload { .. }) => "workload".to_owned(),
             Some(Principal::Instance { .. }) => "instance".to_owned(),
+            Some(Principal::Federated { .. }) => "federated".to_owned(),
             None => "unauthenticated".to_owned(),
         })
         .collect();

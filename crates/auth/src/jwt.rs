@@ -72,6 +72,17 @@ pub(crate) fn nbf(claims: &Map<String, Value>) -> Result<Option<SystemTime>, &'s
         .ok_or("its nbf claim is out of range")
 }
 
+/// The `iat` claim as a time, if the token has one.
+pub(crate) fn iat(claims: &Map<String, Value>) -> Result<Option<SystemTime>, &'static str> {
+    let Some(iat) = claims.get("iat") else {
+        return Ok(None);
+    };
+    let iat = iat.as_f64().ok_or("its iat claim is not a number")?;
+    numeric_date(iat)
+        .map(Some)
+        .ok_or("its iat claim is out of range")
+}
+
 /// A JWT NumericDate (seconds since the epoch) as a time, in whole seconds; `None` when it
 /// is negative, not finite or past the year 9999.
 fn numeric_date(secs: f64) -> Option<SystemTime> {

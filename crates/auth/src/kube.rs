@@ -298,6 +298,58 @@ impl KubeApi {
     }
 }
 
+impl KubeApi {
+    /// One data member of a Secret of the operator's choosing (the identity domain's client
+    /// secret, in the provider's own namespace), decoded; `None` when the Secret or the
+    /// member does not exist. Its other members are read and dropped (wiped) at once.
+    pub(crate) async fn secret_member(
+        &self,
+        namespace: &str,
+        name: &str,
+        member: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, AuthError> {
+        #[derive(Deserialize)]
+        struct Secret {
+            #[serde(default)]
+            data: BTreeMap<String, String>,
+        }
+        let operation = format!("reading secret {namespace}/{name}");
+        let uri = format!(
+            "{}/api/v1/namespaces/{}/secrets/{}",
+            self.base,
+            segment(namespace),
+            segment(name)
+        );
+        let response = self
+            .call(Method::GET, uri, None, &operation, deadline)
+            .await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if response.status() != StatusCode::OK {
+            return Err(status_error(operation, &response));
+        }
+        let parsed: Secret = parse(&response, operation)?;
+        // Each value moved into a buffer wiped when dropped, the wanted one decoded.
+        let data: BTreeMap<String, Zeroizing<String>> = parsed
+            .data
+            .into_iter()
+            .map(|(k, v)| (k, Zeroizing::new(v)))
+            .collect();
+        let Some(value) = data.get(member) else {
+            return Ok(None);
+        };
+        STANDARD
+            .decode(value.trim())
+            .map(|bytes| Some(Zeroizing::new(bytes)))
+            .map_err(|_| AuthError::ClientSecret {
+                place: format!("member {member} of Secret {namespace}/{name}"),
+                problem: "it is not base64".into(),
+            })
+    }
+}
+
 /// A Secret's JSON as the API server answers it, into the members a user principal reads,
 /// decoded.
 pub(crate) fn secret_from_body(

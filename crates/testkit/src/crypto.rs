@@ -181,3 +181,89 @@ impl JwtSigner {
         rsa_verify(&self.public_key_der(), input.as_bytes(), &sig)
     }
 }
+
+/// One DER TLV: tag, content, rest.
+fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, mut rest) = rest.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let (bytes, after) = rest.split_at(count);
+        rest = after;
+        bytes.iter().fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The modulus and public exponent (big-endian, no leading zero) of an RSA
+/// SubjectPublicKeyInfo DER.
+pub(crate) fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (0x30, info, _) = der_tlv(spki)? else {
+        return None;
+    };
+    let (0x30, _algorithm, rest) = der_tlv(info)? else {
+        return None;
+    };
+    let (0x03, bits, _) = der_tlv(rest)? else {
+        return None;
+    };
+    let (0x30, key, _) = der_tlv(bits.get(1..)?)? else {
+        return None;
+    };
+    let (0x02, n, rest) = der_tlv(key)? else {
+        return None;
+    };
+    let (0x02, e, _) = der_tlv(rest)? else {
+        return None;
+    };
+    let strip = |v: &[u8]| {
+        let start = v.iter().position(|b| *b != 0).unwrap_or(v.len());
+        v[start..].to_vec()
+    };
+    Some((strip(n), strip(e)))
+}
+
+/// Verifies an RSA PKCS#1 v1.5 SHA-256 signature with a key given by its modulus and
+/// exponent (a JWK's `n` and `e`).
+pub(crate) fn rsa_verify_components(n: &[u8], e: &[u8], message: &[u8], sig: &[u8]) -> bool {
+    signature::RsaPublicKeyComponents { n, e }
+        .verify(&signature::RSA_PKCS1_2048_8192_SHA256, message, sig)
+        .is_ok()
+}
+
+/// The JWK of an RSA public key (SPKI DER), as the identity domain puts the session key in
+/// the `jwk` claim of its session tokens: a JSON object serialised into a string.
+pub(crate) fn jwk_string(spki: &[u8]) -> Option<String> {
+    let (n, e) = rsa_components(spki)?;
+    let kid = STANDARD.encode(digest::digest(&digest::SHA256, spki));
+    Some(
+        serde_json::json!({
+            "kty": "RSA",
+            "alg": "RS256",
+            "use": "sig",
+            "kid": kid,
+            "n": URL_SAFE_NO_PAD.encode(n),
+            "e": URL_SAFE_NO_PAD.encode(e),
+        })
+        .to_string(),
+    )
+}
+
+/// The header and claims of a JWT, without checking anything.
+pub(crate) fn jwt_parts(token: &str) -> Option<(serde_json::Value, serde_json::Value)> {
+    let mut parts = token.split('.');
+    let (Some(header), Some(claims), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let decode = |part: &str| -> Option<serde_json::Value> {
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part.trim_end_matches('=')).ok()?).ok()
+    };
+    Some((decode(header)?, decode(claims)?))
+}
