@@ -148,7 +148,9 @@ impl WorkloadConfig {
             ));
         }
         let domain = f.domain_url.as_ref().ok_or_else(|| {
-            format!("{key} needs auth.workload.federation.domain_url (OCI_WORKLOAD_IDENTITY_DOMAIN_URL)")
+            format!(
+                "{key} needs auth.workload.federation.domain_url (OCI_WORKLOAD_IDENTITY_DOMAIN_URL)"
+            )
         })?;
         if domain.as_str().splitn(4, '/').nth(3).is_some() {
             return Err(format!(
@@ -181,9 +183,11 @@ impl WorkloadConfig {
         let id = f.client_id.as_deref().is_some_and(|id| !id.is_empty());
         match (f.use_instance_principal, id, secrets) {
             (true, false, 0) | (false, true, 1) => Ok(()),
-            (true, _, _) => Err("auth.workload.federation.use_instance_principal authenticates \
+            (true, _, _) => Err(
+                "auth.workload.federation.use_instance_principal authenticates \
                  with the node's instance principal: remove client_id and the client secret"
-                .into()),
+                    .into(),
+            ),
             (false, false, _) => Err("auth.workload.federation needs client_id \
                  (OCI_WORKLOAD_IDENTITY_CLIENT_ID) and client_secret_file or client_secret_ref, \
                  or use_instance_principal = true"
@@ -200,7 +204,10 @@ impl WorkloadConfig {
     /// The principals' mechanism (after [`WorkloadConfig::validate`]).
     pub(crate) fn mechanism(&self) -> auth::WorkloadMechanism {
         let f = &self.federation;
-        let Some(domain) = f.domain_url.as_ref().filter(|_| self.mechanism == Mechanism::Federation)
+        let Some(domain) = f
+            .domain_url
+            .as_ref()
+            .filter(|_| self.mechanism == Mechanism::Federation)
         else {
             return auth::WorkloadMechanism::Oke;
         };

@@ -277,6 +277,19 @@ impl KubeApi {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<Option<KubeSecret>, AuthError> {
+        match self.get_secret(namespace, name, deadline).await? {
+            Some(body) => secret_from_body(&body, namespace, name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `GET .../secrets/{name}`: the body of a 200, `None` for a 404, else the error.
+    async fn get_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<bytes::Bytes>, AuthError> {
         let operation = format!("reading secret {namespace}/{name}");
         let uri = format!(
             "{}/api/v1/namespaces/{}/secrets/{}",
@@ -287,18 +300,13 @@ impl KubeApi {
         let response = self
             .call(Method::GET, uri, None, &operation, deadline)
             .await?;
-        let status = response.status();
-        if status == StatusCode::NOT_FOUND {
-            return Ok(None);
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::OK => Ok(Some(response.into_body())),
+            _ => Err(status_error(operation, &response)),
         }
-        if status != StatusCode::OK {
-            return Err(status_error(operation, &response));
-        }
-        secret_from_body(response.body(), namespace, name).map(Some)
     }
-}
 
-impl KubeApi {
     /// One data member of a Secret of the operator's choosing (the identity domain's client
     /// secret, in the provider's own namespace), decoded; `None` when the Secret or the
     /// member does not exist. Its other members are read and dropped (wiped) at once.
@@ -314,23 +322,10 @@ impl KubeApi {
             #[serde(default)]
             data: BTreeMap<String, String>,
         }
-        let operation = format!("reading secret {namespace}/{name}");
-        let uri = format!(
-            "{}/api/v1/namespaces/{}/secrets/{}",
-            self.base,
-            segment(namespace),
-            segment(name)
-        );
-        let response = self
-            .call(Method::GET, uri, None, &operation, deadline)
-            .await?;
-        if response.status() == StatusCode::NOT_FOUND {
+        let Some(body) = self.get_secret(namespace, name, deadline).await? else {
             return Ok(None);
-        }
-        if response.status() != StatusCode::OK {
-            return Err(status_error(operation, &response));
-        }
-        let parsed: Secret = parse(&response, operation)?;
+        };
+        let parsed: Secret = parse_body(&body, format!("reading secret {namespace}/{name}"))?;
         // Each value moved into a buffer wiped when dropped, the wanted one decoded.
         let data: BTreeMap<String, Zeroizing<String>> = parsed
             .data

@@ -182,50 +182,16 @@ impl JwtSigner {
     }
 }
 
-/// One DER TLV: tag, content, rest.
-fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, mut rest) = rest.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || rest.len() < count {
-            return None;
-        }
-        let (bytes, after) = rest.split_at(count);
-        rest = after;
-        bytes.iter().fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
-    };
-    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-}
-
 /// The modulus and public exponent (big-endian, no leading zero) of an RSA
 /// SubjectPublicKeyInfo DER.
 pub(crate) fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    let (0x30, info, _) = der_tlv(spki)? else {
-        return None;
-    };
-    let (0x30, _algorithm, rest) = der_tlv(info)? else {
-        return None;
-    };
-    let (0x03, bits, _) = der_tlv(rest)? else {
-        return None;
-    };
-    let (0x30, key, _) = der_tlv(bits.get(1..)?)? else {
-        return None;
-    };
-    let (0x02, n, rest) = der_tlv(key)? else {
-        return None;
-    };
-    let (0x02, e, _) = der_tlv(rest)? else {
-        return None;
-    };
-    let strip = |v: &[u8]| {
-        let start = v.iter().position(|b| *b != 0).unwrap_or(v.len());
-        v[start..].to_vec()
-    };
-    Some((strip(n), strip(e)))
+    use pkcs1::der::Decode as _;
+    let info = pkcs8::SubjectPublicKeyInfoRef::from_der(spki).ok()?;
+    let key = pkcs1::RsaPublicKeyRef::from_der(info.subject_public_key.as_bytes()?).ok()?;
+    Some((
+        key.modulus.as_bytes().to_vec(),
+        key.public_exponent.as_bytes().to_vec(),
+    ))
 }
 
 /// Verifies an RSA PKCS#1 v1.5 SHA-256 signature with a key given by its modulus and

@@ -137,7 +137,9 @@ fn exchange(shared: &Shared, parts: &Parts, body: &[u8]) -> Result<Reply, Refusa
         .ok_or_else(|| invalid_grant("the subject token is not a JWT"))?;
     let issuer = claims.get("iss").and_then(Value::as_str).unwrap_or("");
     let trust = trusts.iter().find(|t| t.issuer == issuer).ok_or_else(|| {
-        invalid_grant("issuer: the subject token's iss is the issuer of no active trust of this client")
+        invalid_grant(
+            "issuer: the subject token's iss is the issuer of no active trust of this client",
+        )
     })?;
     verify_subject(shared, trust, &ask.subject_token, &claims)?;
     let sub = claims.get("sub").and_then(Value::as_str).unwrap_or("");
@@ -212,7 +214,9 @@ fn client(shared: &Shared, parts: &Parts, body: &[u8]) -> Result<Client, Refusal
                 tenancy,
                 instance: instance_id,
             }),
-            Ok(_) => Err(invalid_client("only an instance principal may sign an exchange")),
+            Ok(_) => Err(invalid_client(
+                "only an instance principal may sign an exchange",
+            )),
             Err(why) => Err(invalid_client(format!("the signature is refused: {why}"))),
         };
     }
@@ -231,7 +235,9 @@ fn ask(parts: &Parts, body: &[u8]) -> Result<Ask, Refusal> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if !content_type.starts_with("application/x-www-form-urlencoded") {
-        return Err(invalid_request("the body is not application/x-www-form-urlencoded"));
+        return Err(invalid_request(
+            "the body is not application/x-www-form-urlencoded",
+        ));
     }
     let mut form = BTreeMap::new();
     for (name, value) in url::form_urlencoded::parse(body) {
@@ -258,18 +264,26 @@ fn ask(parts: &Parts, body: &[u8]) -> Result<Ask, Refusal> {
     let res_type = match field("requested_token_type")?.as_str() {
         UPST => None,
         RPST => Some(field("res_type")?),
-        _ => return Err(invalid_request("requested_token_type is not oci-upst or oci-rpst")),
+        _ => {
+            return Err(invalid_request(
+                "requested_token_type is not oci-upst or oci-rpst",
+            ));
+        }
     };
     let public_key = field("public_key")?;
     // A literal space is a `+` sent unencoded.
     if public_key.contains(' ') {
-        return Err(invalid_request("public_key holds a space: an unencoded '+'?"));
+        return Err(invalid_request(
+            "public_key holds a space: an unencoded '+'?",
+        ));
     }
     let public_key = STANDARD
         .decode(&public_key)
         .ok()
         .filter(|der| is_rsa_public_key(der) && jwk_string(der).is_some())
-        .ok_or_else(|| invalid_request("public_key is not base64 of an RSA SubjectPublicKeyInfo"))?;
+        .ok_or_else(|| {
+            invalid_request("public_key is not base64 of an RSA SubjectPublicKeyInfo")
+        })?;
     Ok(Ask {
         subject_token: field("subject_token")?,
         public_key,
@@ -313,7 +327,9 @@ fn verify_subject(
         return Err(invalid_grant("expired: the subject token's exp has passed"));
     }
     if time("nbf").is_some_and(|nbf| nbf > now + skew) {
-        return Err(invalid_grant("not valid yet: the subject token's nbf is ahead"));
+        return Err(invalid_grant(
+            "not valid yet: the subject token's nbf is ahead",
+        ));
     }
     let audiences: Vec<&str> = match claims.get("aud") {
         Some(Value::String(one)) => vec![one.as_str()],
@@ -418,5 +434,11 @@ fn mint(
             Some(ask.public_key.clone()),
         )
         .map(|(token, _)| token)
-        .map_err(|_| refuse(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "signing failed"))
+        .map_err(|_| {
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "signing failed",
+            )
+        })
 }

@@ -67,8 +67,8 @@ pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
 pub use crate::seed::{
     Access, Content, IdentityDomainSeed, ImpersonationRule, InstanceSeed, KubeSecretSeed,
-    Lifetimes, OAuthClientSeed, STAGES, SecretSeed, Seed, ServiceAccountSeed, TrustKeys,
-    TrustSeed, UserSeed, VaultSeed, VersionSeed, WorkloadRef,
+    Lifetimes, OAuthClientSeed, STAGES, SecretSeed, Seed, ServiceAccountSeed, TrustKeys, TrustSeed,
+    UserSeed, VaultSeed, VersionSeed, WorkloadRef,
 };
 pub use crate::state::{Principal, Revoke, SecretsCall};
 pub use crate::stats::{Endpoint, ListenerStats, Stats, WaitTimeout};
