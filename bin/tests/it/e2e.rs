@@ -16,6 +16,7 @@ use crate::process::{Output, Provider};
 
 mod admission;
 mod echoes;
+mod federation;
 mod instance;
 mod prometheus;
 mod templates;
