@@ -258,3 +258,177 @@ impl WorkloadConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::config::Config;
+    use crate::flags::Flags;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Config, String> {
+        let flags = Flags::parse_from_args(&["provider".to_owned()]).unwrap();
+        let env: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Config::load(&flags, &env).map_err(|e| e.to_string())
+    }
+
+    const FEDERATION: [(&str, &str); 4] = [
+        ("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM", "federation"),
+        ("OCI_RESOURCE_PRINCIPAL_REGION", "us-ashburn-1"),
+        ("OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE", "oci-federation"),
+        (
+            "OCI_WORKLOAD_IDENTITY_DOMAIN_URL",
+            "https://idcs-0123.identity.oraclecloud.com",
+        ),
+    ];
+
+    #[test]
+    fn the_cloud_controller_managers_variables_configure_federation() {
+        let mut vars = FEDERATION.to_vec();
+        vars.extend([
+            ("OCI_WORKLOAD_IDENTITY_CLIENT_ID", "runtime"),
+            (
+                "OCI_PROVIDER_AUTH__WORKLOAD__FEDERATION__CLIENT_SECRET_FILE",
+                "/etc/oci-federation/client-secret",
+            ),
+            (
+                "OCI_WORKLOAD_IDENTITY_REQUESTED_TOKEN_TYPE",
+                "urn:oci:token-type:oci-rpst",
+            ),
+            ("OCI_WORKLOAD_IDENTITY_RESOURCE_TYPE", "k8sworkload"),
+        ]);
+        let config = load(&vars).unwrap();
+        assert_eq!(
+            config.auth.workload.mechanism(),
+            auth::WorkloadMechanism::Federation(auth::FederationConfig {
+                domain_url: "https://idcs-0123.identity.oraclecloud.com".into(),
+                client: auth::ClientAuth::Secret {
+                    client_id: "runtime".into(),
+                    secret: auth::ClientSecret::File("/etc/oci-federation/client-secret".into()),
+                },
+                token_type: auth::TokenType::Rpst {
+                    resource_type: "k8sworkload".into(),
+                },
+            })
+        );
+        let mut vars = FEDERATION.to_vec();
+        vars.extend([
+            (
+                "OCI_WORKLOAD_IDENTITY_USE_INSTANCE_PRINCIPAL_FOR_TOKEN_EXCHANGE",
+                "true",
+            ),
+            ("OCI_WORKLOAD_IDENTITY_REQUESTED_TOKEN_TYPE", "upst"),
+        ]);
+        let config = load(&vars).unwrap();
+        let auth::WorkloadMechanism::Federation(federation) = config.auth.workload.mechanism()
+        else {
+            panic!("not federation");
+        };
+        assert_eq!(federation.client, auth::ClientAuth::InstancePrincipal);
+        assert_eq!(federation.token_type, auth::TokenType::Upst);
+        // The default is OKE, whatever else is set.
+        assert_eq!(
+            load(&[]).unwrap().auth.workload.mechanism(),
+            auth::WorkloadMechanism::Oke
+        );
+    }
+
+    #[test]
+    fn federation_settings_that_cannot_work_fail_at_start_naming_what_to_set() {
+        let client = [
+            ("OCI_WORKLOAD_IDENTITY_CLIENT_ID", "runtime"),
+            (
+                "OCI_PROVIDER_AUTH__WORKLOAD__FEDERATION__CLIENT_SECRET_FILE",
+                "/s",
+            ),
+        ];
+        let without = |name: &str| -> Vec<(&str, &str)> {
+            FEDERATION
+                .iter()
+                .chain(client.iter())
+                .filter(|(k, _)| *k != name)
+                .copied()
+                .collect()
+        };
+        let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+            FEDERATION
+                .iter()
+                .chain(client.iter())
+                .chain(extra.iter())
+                .copied()
+                .collect()
+        };
+        let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+            (without("OCI_RESOURCE_PRINCIPAL_REGION"), "needs region"),
+            (
+                without("OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE"),
+                "needs auth.workload_audience",
+            ),
+            (
+                without("OCI_WORKLOAD_IDENTITY_DOMAIN_URL"),
+                "needs auth.workload.federation.domain_url",
+            ),
+            (
+                without("OCI_WORKLOAD_IDENTITY_CLIENT_ID"),
+                "needs client_id (OCI_WORKLOAD_IDENTITY_CLIENT_ID)",
+            ),
+            (
+                without("OCI_PROVIDER_AUTH__WORKLOAD__FEDERATION__CLIENT_SECRET_FILE"),
+                "client_id needs its secret",
+            ),
+            (
+                with(&[(
+                    "OCI_WORKLOAD_IDENTITY_USE_INSTANCE_PRINCIPAL_FOR_TOKEN_EXCHANGE",
+                    "true",
+                )]),
+                "remove client_id and the client secret",
+            ),
+            (
+                with(&[(
+                    "OCI_WORKLOAD_IDENTITY_REQUESTED_TOKEN_TYPE",
+                    "urn:oci:token-type:oci-rpst",
+                )]),
+                "RPST needs resource_type",
+            ),
+            (
+                with(&[("OCI_WORKLOAD_IDENTITY_RESOURCE_TYPE", "k8sworkload")]),
+                "resource_type is for RPSTs only",
+            ),
+            (
+                with(&[(
+                    "OCI_WORKLOAD_IDENTITY_DOMAIN_URL",
+                    "https://idcs-0123.identity.oraclecloud.com/oauth2/v1/token",
+                )]),
+                "without a path",
+            ),
+            (
+                with(&[("OCI_WORKLOAD_IDENTITY_DOMAIN_URL", "http://idcs.example")]),
+                "https://",
+            ),
+            (
+                with(&[("OCI_WORKLOAD_IDENTITY_CLIENT_SECRET", "s3cret")]),
+                "OCI_WORKLOAD_IDENTITY_CLIENT_SECRET is set: the client secret is not read",
+            ),
+            (
+                with(&[("OCI_WORKLOAD_IDENTITY_TOKEN_PATH", "/var/run/token")]),
+                "each mount's token is its own pod's",
+            ),
+            (
+                with(&[("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM", "oke")]),
+                "mechanism is \"oke\"",
+            ),
+            (
+                with(&[("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM", "kerberos")]),
+                "auth.workload.mechanism",
+            ),
+        ];
+        for (vars, fragment) in cases {
+            let error = load(&vars).unwrap_err();
+            assert!(error.contains(fragment), "{fragment:?} not in {error}");
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+    }
+}
