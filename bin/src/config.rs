@@ -910,6 +910,20 @@ mod tests {
                 "{label}: the three enabled values"
             );
         }
+        // provider.oci.auth.types.workload.federation as the provider reads it.
+        let federation = load("federation").auth.workload.mechanism();
+        assert_eq!(
+            federation,
+            auth::WorkloadMechanism::Federation(auth::FederationConfig {
+                domain_url: "https://idcs-0123.identity.oraclecloud.com".into(),
+                client: auth::ClientAuth::Secret {
+                    client_id: "k8s-csi-runtime".into(),
+                    secret: auth::ClientSecret::File("/etc/oci-federation/client-secret".into()),
+                },
+                token_type: auth::TokenType::Upst,
+            })
+        );
+        assert_eq!(load("federation").auth.workload_audience, "oci-federation");
         // Our chart's budget, and the Go values' 100Mi limit lowering it to fit.
         assert_eq!(load("defaults").server.max_in_flight_bytes, 32 << 20);
         assert_eq!(load("go-chart-values").server.max_in_flight_bytes, 25 << 20);
