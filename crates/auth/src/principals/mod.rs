@@ -601,6 +601,14 @@ pub(crate) fn fuzz_proxymux_reply(body: &[u8]) -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
+pub(crate) fn fuzz_exchange_answer(body: &[u8], now: SystemTime) -> Result<(), &'static str> {
+    federation::answer(body, now).map(|_| ())
+}
+
+#[cfg(test)]
+pub(crate) use federation::fuzz_refusal as fuzz_exchange_refusal;
+
+#[cfg(test)]
 pub(crate) fn fuzz_tenancy(der: &[u8]) -> Option<String> {
     instance::tenancy(der)
 }

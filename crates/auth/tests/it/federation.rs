@@ -541,3 +541,18 @@ async fn a_failing_identity_domain_is_tried_three_times_within_the_deadline() {
     assert_eq!(error.kind(), ErrorKind::DeadlineExceeded, "{error}");
     fx.emu.release_stalls();
 }
+
+#[tokio::test]
+async fn an_instance_session_the_domain_refuses_is_federated_again_for_the_next_exchange() {
+    let fx = fixture_with(seed(), |_| ClientAuth::InstancePrincipal, rpst()).await;
+    fx.emu
+        .script(Endpoint::IdentityDomain, [Fault::invalid_client()]);
+    let error = fx.principals.establish(&mount(&fx, SA)).await.unwrap_err();
+    assert!(error.to_string().contains("invalid_client"), "{error}");
+    assert_eq!(fx.emu.stats().federations, 1);
+    // The refused instance session is dropped: the next exchange signs with a new one.
+    let established = fx.principals.establish(&mount(&fx, SA)).await.unwrap();
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    let stats = fx.emu.stats();
+    assert_eq!((stats.federations, stats.token_exchanges(NS, SA)), (2, 1));
+}

@@ -351,6 +351,15 @@ fn safe_description(text: &str, sent: &[&str]) -> Option<String> {
     (!repeats).then(|| bounded::quote(text).to_string())
 }
 
+/// The message of a refusal answered with `status` and `body` to an exchange that sent
+/// `sent`, for the property tests in `crate::fuzz`.
+#[cfg(test)]
+pub(crate) fn fuzz_refusal(status: u16, body: &[u8], sent: &[&str]) -> String {
+    let mut response = Response::new(Bytes::copy_from_slice(body));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    refusal(("app", "web"), &response, sent).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
