@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::{MountParameters, SecretSource, SecretSpec, VersionSelector};
+use provider::{MountParameters, SecretSource, SecretSpec, SelectionSpec, VersionSelector};
 use serde_json::{Value, json};
 
 /// Validate SecretProviderClass manifests offline (no network access).
@@ -88,6 +88,8 @@ struct Report {
     errors: Vec<String>,
     /// Who a valid class's mounts are made as, when the configuration says.
     identity: Option<String>,
+    /// Never fatal (a misspelt parameter is ignored, as the driver's own attributes are).
+    warnings: Vec<String>,
 }
 
 /// Runs `check` (`args` starts with `check`); exit 0 when every class is valid, 1 when any
@@ -137,6 +139,7 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
                     "valid": r.errors.is_empty(),
                     "files": r.files,
                     "errors": r.errors,
+                    "warnings": r.warnings,
                 });
                 if let Some(identity) = &r.identity {
                     report["identity"] = json!(identity);
@@ -166,38 +169,34 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
     for r in reports {
         if r.errors.is_empty() {
             let inputs = r.files.iter().filter(|f| f["written"] == false).count();
-            let only_read = match inputs {
-                0 => String::new(),
-                n => format!(" and {n} read by templates only"),
-            };
+            let selections = r
+                .files
+                .iter()
+                .filter(|f| f.get("selection").is_some())
+                .count();
+            let mut also = String::new();
+            match selections {
+                0 => {}
+                1 => also.push_str(" and 1 selection"),
+                n => also.push_str(&format!(" and {n} selections")),
+            }
+            if inputs > 0 {
+                also.push_str(&format!(" and {inputs} read by templates only"));
+            }
+            let written = r.files.len() - inputs - selections;
             writeln!(
                 out,
-                "{}: {}/{}: valid, {} files{only_read}",
+                "{}: {}/{}: valid, {written} file{}{also}",
                 r.source,
                 r.namespace,
                 r.name,
-                r.files.len() - inputs
+                if written == 1 { "" } else { "s" }
             )?;
             if let Some(identity) = &r.identity {
                 writeln!(out, "  identity: {identity}")?;
             }
             for f in &r.files {
-                let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
-                let mode = f["mode"]
-                    .as_str()
-                    .map_or_else(|| "(the driver's permission)".to_owned(), str::to_owned);
-                let mut line = format!("  {}  {mode}  {}", text("path"), text("source"));
-                for (k, label) in [("vault", "vault"), ("selector", ""), ("key", "key")] {
-                    let v = text(k);
-                    if !v.is_empty() {
-                        line.push_str(&if label.is_empty() {
-                            format!(", {v}")
-                        } else {
-                            format!(", {label} {v}")
-                        });
-                    }
-                }
-                writeln!(out, "{line}")?;
+                writeln!(out, "{}", file_line(f))?;
             }
         } else {
             writeln!(
@@ -213,12 +212,36 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
                 writeln!(out, "  {e}")?;
             }
         }
+        for w in &r.warnings {
+            writeln!(out, "  warning: {w}")?;
+        }
     }
     Ok(())
 }
 
+/// One file of a valid class, as the text output lists it.
+fn file_line(f: &Value) -> String {
+    let text = |k: &str| f[k].as_str().unwrap_or("").to_owned();
+    let mode = f["mode"]
+        .as_str()
+        .map_or_else(|| "(the driver's permission)".to_owned(), str::to_owned);
+    let mut line = format!("  {}  {mode}  {}", text("path"), text("source"));
+    for (k, label) in [("vault", "vault"), ("selector", ""), ("key", "key")] {
+        let v = text(k);
+        if !v.is_empty() {
+            line.push_str(&if label.is_empty() {
+                format!(", {v}")
+            } else {
+                format!(", {label} {v}")
+            });
+        }
+    }
+    line
+}
+
 fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> Vec<Report> {
     let report = |name: &str, namespace: &str, error: String| Report {
+        warnings: Vec::new(),
         source: source.to_owned(),
         name: name.to_owned(),
         namespace: namespace.to_owned(),
@@ -249,6 +272,13 @@ fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> 
             _ => objects.push(doc),
         }
     }
+    if objects.is_empty() {
+        return vec![report(
+            "-",
+            "-",
+            "no SecretProviderClass in it: the input is empty or holds no object".to_owned(),
+        )];
+    }
     objects
         .iter()
         .map(|object| check_object(source, object, args, allowed))
@@ -272,6 +302,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         files: Vec::new(),
         errors: Vec::new(),
         identity: None,
+        warnings: Vec::new(),
     };
     if object["kind"].as_str() != Some("SecretProviderClass") {
         r.errors.push(format!(
@@ -287,6 +318,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         ));
     }
     let attributes = string_parameters(&object["spec"]["parameters"], &mut r.errors);
+    r.warnings = MountParameters::warnings(&attributes);
     let pod = csi_grpc::Pod {
         namespace: Some(namespace),
         name: Some("check".to_owned()),
@@ -393,6 +425,12 @@ fn files_in_order(params: &MountParameters) -> Vec<Value> {
                 .iter()
                 .map(|t| (t.index, describe_template(t))),
         )
+        .chain(
+            params
+                .selections
+                .iter()
+                .map(|s| (s.index, describe_selection(s))),
+        )
         .collect();
     files.sort_by_key(|(index, _)| *index);
     files.into_iter().flat_map(|(_, f)| f).collect()
@@ -458,6 +496,43 @@ fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
     files
 }
 
+/// The files of a `tag` / `namePrefix` entry, known only once the vault is listed: one
+/// line for them all, saying what is selected, from where.
+fn describe_selection(spec: &SelectionSpec) -> Vec<Value> {
+    let mode = match spec.mode {
+        Some(m) => Value::String(format!("{:04o}", m.get())),
+        None => Value::Null,
+    };
+    let path = match &spec.directory {
+        Some(directory) => format!("{directory}/<each secret's name>"),
+        None => "<each secret's name>".to_owned(),
+    };
+    vec![json!({
+        "path": path,
+        "mode": mode,
+        "source": format!(
+            "every ACTIVE secret with {} (listed at mount time), compartment {}",
+            spec.describe(),
+            spec.compartment_id
+        ),
+        "vault": spec.vault_id,
+        "selector": "stage CURRENT",
+        "key": "",
+        "encoding": spec.encoding.as_str(),
+        "selection": spec.describe(),
+        "written": true,
+    })]
+}
+
+/// What the `k`th file of a version history holds.
+fn history_selector(k: usize) -> String {
+    match k {
+        0 => "the current version".to_owned(),
+        1 => "the version before the current".to_owned(),
+        k => format!("{k} versions before the current"),
+    }
+}
+
 /// The files one entry writes, as `check` prints them.
 fn describe(spec: &SecretSpec) -> Vec<Value> {
     let (mut source, vault) = match &spec.source {
@@ -499,6 +574,11 @@ fn describe(spec: &SecretSpec) -> Vec<Value> {
     }
     if spec.whole {
         files.push(file(spec.path.as_str(), mode(spec.mode), ""));
+    }
+    for (k, path) in spec.history.iter().enumerate() {
+        let mut version = file(path.as_str(), mode(spec.mode), "");
+        version["selector"] = Value::String(history_selector(k));
+        files.push(version);
     }
     files
 }

@@ -68,7 +68,8 @@ pub struct CacheConfig {
     /// How long a fetched bundle is served to mounts with the same credential, in seconds.
     /// 0 keeps nothing, but identical fetches in flight at once are still made once.
     pub bundle_ttl_seconds: u64,
-    /// Most bytes of secret content kept (part of the chart's memory model).
+    /// Most bytes of secret content kept (part of the chart's memory model); a sixteenth of
+    /// it, at most 1 MiB, holds the listings of version histories and selections.
     pub bundle_max_bytes: u64,
     /// Most bundles kept.
     pub bundle_max_entries: u64,

@@ -29,6 +29,11 @@ pub struct Endpoints {
     pub certificates: Option<HttpsUrl>,
     /// Certificates API base URLs by region id, before `certificates`.
     pub certificates_by_region: std::collections::BTreeMap<String, HttpsUrl>,
+    /// OCI Vault (secret management) API base URL, where `tag` and `namePrefix` entries
+    /// list a vault's secrets (default `https://vaults.<region>.oci.<domain>`).
+    pub vaults: Option<HttpsUrl>,
+    /// Vault API base URLs by region id, before `vaults`.
+    pub vaults_by_region: std::collections::BTreeMap<String, HttpsUrl>,
     /// OCI x509 federation base URL for the instance principal (default
     /// `https://auth.<region>.<domain>`; `OCI_SDK_AUTH_CLIENT_REGION_URL`).
     pub federation: Option<HttpsUrl>,
@@ -70,6 +75,8 @@ impl Default for Endpoints {
             secrets_by_region: std::collections::BTreeMap::new(),
             certificates: None,
             certificates_by_region: std::collections::BTreeMap::new(),
+            vaults: None,
+            vaults_by_region: std::collections::BTreeMap::new(),
             federation: None,
             instance_metadata: MetadataUrl(DEFAULT_INSTANCE_METADATA.to_owned()),
             proxymux: None,

@@ -51,6 +51,21 @@ pub struct Flags {
     /// [telemetry.otlp_endpoint; else OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT].
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// A command instead of serving (the provider serves when none is given).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The binary's commands; without one it serves the driver.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Validate SecretProviderClass manifests offline: the files each would mount, or every
+    /// problem of each (`check --help`).
+    Check {
+        /// Its arguments (see `check --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 impl Flags {

@@ -34,10 +34,27 @@ pub use workload::{FederationSettings, Mechanism, RequestedTokenType, SecretRef,
 /// `runtime_name` answered by `Version`.
 pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";
 
+/// `check` (with its own flags), and `help check` (its `--help`); `None` for anything else.
+fn run_check(args: &[String]) -> Option<ExitCode> {
+    let check = |rest: &[String]| {
+        let mut check_args = vec![format!("{RUNTIME_NAME} check")];
+        check_args.extend_from_slice(rest);
+        check::main(&check_args, &mut std::io::stdin(), &mut std::io::stdout())
+    };
+    match (
+        args.get(1).map(String::as_str),
+        args.get(2).map(String::as_str),
+    ) {
+        (Some("check"), _) => Some(check(&args[2..])),
+        (Some("help"), Some("check")) => Some(check(&["--help".to_owned()])),
+        _ => None,
+    }
+}
+
 /// Runs the binary with `args` (program name first) and the process environment as a map.
 pub fn main(args: Vec<String>, env: BTreeMap<String, String>) -> ExitCode {
-    if args.get(1).map(String::as_str) == Some("check") {
-        return check::main(&args[1..], &mut std::io::stdin(), &mut std::io::stdout());
+    if let Some(code) = run_check(&args) {
+        return code;
     }
     let flags = match Flags::parse_from_args(&args) {
         Ok(flags) => flags,

@@ -4,7 +4,8 @@
 //!   `TimeoutLayer`, `ObserveLayer`, built in one place);
 //! - the principals over it, and `SigningLayer` (each request signed with its session);
 //! - the fetch stacks over the signed `VaultClient`: `RetryLayer`, then for secrets
-//!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`;
+//!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`; for
+//!   listings `ListerLayer`, `CacheLayer`, `BudgetLayer`;
 //! - `OciMount` (parameters, identity, fan-out of the entries, files);
 //! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `AdmissionLayer`, then the gRPC
 //!   service (`CsiProvider`: translation, response checks, the mount span and metrics).
@@ -27,7 +28,7 @@ use provider::{
 use regions::Regions;
 use tower::{Layer as _, ServiceBuilder};
 use transport::{HttpService, Proxy, Transport, TransportConfig};
-use vault::{Retry, RetryLayer, RetryPolicy, VaultClient};
+use vault::{Lister, ListerLayer, Retry, RetryLayer, RetryPolicy, VaultClient};
 
 use crate::config::{CacheConfig, Config, ServerConfig, UpstreamConfig};
 use crate::health::HttpLimits;
@@ -45,8 +46,13 @@ pub(crate) type Secrets =
 /// client (not cached: a certificate's files are made from each answer).
 pub(crate) type Certificates = Budget<Retry<Client>>;
 
+/// What version histories and selections list through: the byte budget over the listing
+/// cache over the pages, each through the retries of the same client.
+pub(crate) type Listings =
+    Budget<CacheService<Lister<Retry<Client>>, vault::ListKey, vault::Listing>>;
+
 /// The mount service: identity, then the entries through the fetch stacks.
-pub(crate) type Mount = OciMount<Principals, Secrets, Certificates>;
+pub(crate) type Mount = OciMount<Principals, Secrets, Certificates, Listings>;
 
 /// What the gRPC server calls: the mount service under the edge's layers.
 pub(crate) type Edge = Admission<WithinDeadline<CatchPanic<Mount>>>;
@@ -67,11 +73,29 @@ pub(crate) struct Stack {
     pub(crate) metrics: Arc<Metrics>,
 }
 
+/// The bytes of `cache.bundle_max_bytes` the listing cache keeps (names and OCIDs, no
+/// secret content): a sixteenth, at most 1 MiB, taken from the bundle cache so that the
+/// memory model's one cache term holds both.
+fn listing_cache_bytes(c: &CacheConfig) -> u64 {
+    (c.bundle_max_bytes / 16).min(1024 * 1024)
+}
+
+/// Listings are cached as bundles are, for `cache.bundle_ttl_seconds`: a secret added to a
+/// selection, or a new version, is seen as late as a rotation.
+fn listing_cache_config(c: &CacheConfig) -> cache::CacheConfig {
+    cache::CacheConfig {
+        ttl: Some(Duration::from_secs(c.bundle_ttl_seconds)),
+        max_entries: c.bundle_max_entries,
+        max_bytes: listing_cache_bytes(c),
+        ..cache::CacheConfig::new("listing")
+    }
+}
+
 fn bundle_cache_config(c: &CacheConfig) -> cache::CacheConfig {
     cache::CacheConfig {
         ttl: Some(Duration::from_secs(c.bundle_ttl_seconds)),
         max_entries: c.bundle_max_entries,
-        max_bytes: c.bundle_max_bytes,
+        max_bytes: c.bundle_max_bytes - listing_cache_bytes(c),
         ..cache::CacheConfig::new("bundle")
     }
 }
@@ -177,6 +201,8 @@ fn endpoints(config: &Config, regions: Regions) -> anyhow::Result<Endpoints> {
         secrets_by_region: by_region(&e.secrets_by_region),
         certificates: e.certificates.as_ref().map(|u| u.as_str().to_owned()),
         certificates_by_region: by_region(&e.certificates_by_region),
+        vaults: e.vaults.as_ref().map(|u| u.as_str().to_owned()),
+        vaults_by_region: by_region(&e.vaults_by_region),
     };
     Endpoints::new(regions, config.region.as_deref(), overrides).context("invalid region")
 }
@@ -197,15 +223,7 @@ pub(crate) fn build(
 
     // 1. The one transport: the pool (connections bounded per host, trust per destination)
     //    and one layer per concern over each exchange.
-    let timings = Arc::new(crate::metrics::UpstreamTimings::new(host_classes(
-        &principals_config,
-        config,
-        traces,
-    )));
-    let transport = Transport::new(TransportConfig {
-        observer: Some(timings.clone()),
-        ..transport_config(config, env, &principals_config, traces)?
-    })?;
+    let (transport, timings) = transport(config, env, &principals_config, traces)?;
     let http = transport.service();
     traces.client.bind(http.clone());
 
@@ -215,8 +233,9 @@ pub(crate) fn build(
     let signing = SigningLayer::new(clock.clone()).layer(http);
 
     // 3. The fetch stacks over the signed client, one layer per concern.
-    let bundles = bundle_cache(config, clock, &principals);
-    let fetches = fetches(config, signing, bundles.clone());
+    let bundles = bundle_cache(config, clock.clone(), &principals);
+    let listings = listing_cache(config, clock);
+    let fetches = fetches(config, signing, (bundles.clone(), listings.clone()));
 
     // 4. The mount service: identity, then the entries through the fetch stacks.
     let certificate_expiry = Arc::new(provider::CertificateExpiry::default());
@@ -234,11 +253,13 @@ pub(crate) fn build(
         fetches.secrets,
         fetches.certificates,
         mount_context,
-    );
+    )
+    .with_listings(fetches.listings);
 
     // 5. What /metrics reads.
     let caches = crate::metrics::ScrapeSources {
         bundles,
+        listings,
         principals,
         served: fetches.served,
         certificate_expiry,
@@ -264,6 +285,25 @@ pub(crate) fn build(
     let provider =
         csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone());
     Ok(Stack { provider, metrics })
+}
+
+/// The transport, observed by the exchange metrics it returns too.
+fn transport(
+    config: &Config,
+    env: &BTreeMap<String, String>,
+    principals_config: &PrincipalsConfig,
+    traces: &Traces,
+) -> anyhow::Result<(Transport, Arc<crate::metrics::UpstreamTimings>)> {
+    let timings = Arc::new(crate::metrics::UpstreamTimings::new(host_classes(
+        principals_config,
+        config,
+        traces,
+    )));
+    let transport = Transport::new(TransportConfig {
+        observer: Some(timings.clone()),
+        ..transport_config(config, env, principals_config, traces)?
+    })?;
+    Ok((transport, timings))
 }
 
 /// What `Version` answers.
@@ -350,6 +390,9 @@ fn host_classes(
     {
         name(Some(url.as_str()), "certificates");
     }
+    for url in e.vaults.iter().chain(e.vaults_by_region.values()) {
+        name(Some(url.as_str()), "vaults");
+    }
     name(
         principals_config.federation_endpoint.as_deref(),
         "federation",
@@ -370,6 +413,7 @@ fn host_classes(
 struct Fetches {
     secrets: Secrets,
     certificates: Certificates,
+    listings: Listings,
     budget: ByteBudget,
     served: Arc<RegionStats>,
     retries: Arc<vault::Retries>,
@@ -378,10 +422,15 @@ struct Fetches {
 /// The fetch stacks over the signed client, outermost first. Secrets: the failover region
 /// when the primary fails over, the process's byte budget, the bundle cache (single flight,
 /// keyed by credential), the retries. Certificates: the byte budget, the retries.
+/// Listings: the byte budget, the listing cache (keyed by credential like bundles), the
+/// pages, each page's retries.
 fn fetches(
     config: &Config,
     signing: Signing<HttpService>,
-    bundles: Cache<vault::BundleKey, vault::SecretBundle>,
+    (bundles, listings): (
+        Cache<vault::BundleKey, vault::SecretBundle>,
+        Cache<vault::ListKey, vault::Listing>,
+    ),
 ) -> Fetches {
     let client = vault_client(signing, &config.upstream);
     let retry = retry_layer(&config.upstream);
@@ -400,6 +449,12 @@ fn fetches(
         .layer(CacheLayer::new(bundles))
         .layer(retry.clone())
         .service(client.clone());
+    let listings = ServiceBuilder::new()
+        .layer(bounds.clone())
+        .layer(CacheLayer::new(listings))
+        .layer(ListerLayer)
+        .layer(retry.clone())
+        .service(client.clone());
     let certificates = ServiceBuilder::new()
         .layer(bounds)
         .layer(retry.clone())
@@ -407,6 +462,7 @@ fn fetches(
     Fetches {
         secrets,
         certificates,
+        listings,
         budget,
         served,
         retries: retry.retries(),
@@ -426,6 +482,15 @@ fn bundle_cache(
         principals.spawn_purgers(purge_every);
     }
     bundles
+}
+
+/// The listing cache; expired listings are dropped on a timer.
+fn listing_cache(config: &Config, clock: SharedClock) -> Cache<vault::ListKey, vault::Listing> {
+    let listings = Cache::new(listing_cache_config(&config.cache), clock);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        listings.spawn_purger(Duration::from_secs(config.cache.purge_interval_seconds));
+    }
+    listings
 }
 
 /// The retries of the Secrets and Certificates calls: `[upstream] max_attempts`.

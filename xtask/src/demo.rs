@@ -83,17 +83,28 @@ async fn mounts(
     );
     let secrets = "- name: db-password\n- name: db-password\n  versionNumber: 1\n  fileName: db-password.v1\n- name: tls-key\n  fileName: tls/key.bin\n- certificateId: ocid1.certificate.oc1.iad.demoweb\n  privateKey: true\n  directory: web-tls\n";
     for &(label, pod, auth_type) in pods {
+        let class = format!("demo-{auth_type}");
+        let vault = "ocid1.vault.oc1.iad.demo";
+        println!(
+            "
+== pod demo/{pod} ({label}) mounts this SecretProviderClass:
+"
+        );
+        print!("{}", class_manifest(&class, vault, auth_type, secrets));
         let attributes = json!({
             "secrets": secrets,
-            "vaultId": "ocid1.vault.oc1.iad.demo",
+            "vaultId": vault,
             "authType": auth_type,
-            "secretProviderClass": "demo-secrets",
+            "secretProviderClass": class,
             "csi.storage.k8s.io/pod.name": pod,
             "csi.storage.k8s.io/pod.namespace": "demo",
             "csi.storage.k8s.io/pod.uid": format!("00000000-0000-0000-0000-{:012}", pod.len()),
             "csi.storage.k8s.io/serviceAccount.name": "demo-app",
         });
-        println!("\n== mount for pod demo/{pod} ({label})");
+        println!(
+            "\n   the provider answers these files (written under {}):",
+            out.join(pod).display()
+        );
         let response = match client.mount(mount_request(attributes)).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
@@ -124,8 +135,11 @@ async fn mounts(
             };
             println!("   {} (mode {:o}) = {shown}", path.display(), file.mode);
         }
+        // The driver keeps these and sends them back on its rotation's next Mount: a
+        // changed version is how it knows to rewrite the files.
+        println!("   object versions (the driver's rotation rewrites the files when one changes):");
         for version in &response.object_version {
-            println!("   object {} version {}", version.id, version.version);
+            println!("     {} = {}", version.id, version.version);
         }
     }
     let metrics = provider.metrics().await?;
@@ -136,6 +150,21 @@ async fn mounts(
         metric_sum(&metrics, "oci_provider_mounts_total"),
     );
     Ok(())
+}
+
+/// The SecretProviderClass a pod of the demo mounts, as a user writes it.
+fn class_manifest(name: &str, vault: &str, auth_type: &str, secrets: &str) -> String {
+    let mut out = format!(
+        "   apiVersion: secrets-store.csi.x-k8s.io/v1\n   kind: SecretProviderClass\n   \
+         metadata: {{ name: {name}, namespace: demo }}\n   spec:\n     provider: oci\n     \
+         parameters:\n       vaultId: {vault}\n       authType: {auth_type}\n       secrets: |\n"
+    );
+    for line in secrets.lines() {
+        out.push_str("         ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 fn hex(bytes: &[u8]) -> String {

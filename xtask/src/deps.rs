@@ -279,6 +279,51 @@ mod tests {
         }
     }
 
+    /// A test that needs a tool the machine may lack is `#[ignore = "needs ..."]`, so a run
+    /// without the tool reports it skipped rather than passing a no-op; CI runs every
+    /// ignored test (`--run-ignored all` on each test run of `.ci/run`), and no test skips
+    /// itself by returning early.
+    #[test]
+    fn tests_that_need_a_tool_are_reported_skipped_and_ci_runs_them() {
+        let root = root();
+        let mut files = Vec::new();
+        for dir in ["crates", "bin", "xtask"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let mut ignored = 0;
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.starts_with("#[ignore") {
+                    ignored += 1;
+                    assert!(
+                        line.starts_with("#[ignore = \"needs "),
+                        "{}:{}: an ignored test says which tool it needs: {line}",
+                        file.display(),
+                        n + 1
+                    );
+                }
+                assert!(
+                    !line.contains(&["SKIP", "PED"].concat()),
+                    "{}:{}: a test that did nothing would pass: ignore it instead",
+                    file.display(),
+                    n + 1
+                );
+            }
+        }
+        assert!(ignored >= 10, "{ignored}");
+        let ci = std::fs::read_to_string(root.join(".ci/run"))
+            .unwrap()
+            .replace("\\\n", " ");
+        for line in ci.lines().filter(|l| l.contains("cargo nextest run")) {
+            assert!(
+                line.contains("--no-run") || line.contains("--run-ignored all"),
+                ".ci/run skips the tests that need a tool: {line}"
+            );
+        }
+    }
+
     #[test]
     fn the_aws_lc_symbol_prefixes_name_each_module_linked() {
         let one = b"\0aws_lc_0_47_0_SHA256_Init\0aws_lc_0_47_0_EVP_sha256\0aws_lc_rs\0";

@@ -37,7 +37,12 @@ commands:
                      as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
   fuzz [--cases N]   every property test over tenant or upstream input (HPACK, request
-                     fields, parameters, JWTs, keys, bundles, ...) with N cases each
+                     fields, parameters, JWTs, keys, bundles, ...) and the peak-heap tests,
+                     with N cases each
+  fuzz-guided [--seconds N] [--target T] [--build-only]
+                     the coverage-guided targets of fuzz/ (cargo-fuzz, nightly):
+                     secrets_parameter and keys, N seconds each (60) on the committed corpus;
+                     no panic, bounded messages, peak heap within the heap tests' bound
   release <version> [--dry-run]
                      bump every version, write the changelog, run the checks, dry-run the
                      crates.io publication, build tarballs + SBOM + SHA256SUMS, tag (never
@@ -61,6 +66,7 @@ fn main() -> ExitCode {
         Some("storm") => storm::run(rest),
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),
+        Some("fuzz-guided") => fuzz::run_guided(rest),
         Some("check-deps") => deps::check(rest),
         Some("release") => release::run(rest),
         Some("dist") => dist::run(rest),

@@ -169,7 +169,10 @@ pub(super) type CacheCounter = fn(&cache::CacheStats) -> u64;
 
 impl Collector for ScrapeSources {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let mut all = vec![("bundle", self.bundles.stats())];
+        let mut all = vec![
+            ("bundle", self.bundles.stats()),
+            ("listing", self.listings.stats()),
+        ];
         all.extend(self.principals.cache_stats());
         encode_cache_counters(&mut encoder, &all)?;
         self.encode_otlp(&mut encoder)?;

@@ -66,11 +66,13 @@ pub(crate) struct StatsSources {
 }
 
 /// What `/metrics` reads at scrape time beyond its own counters: the caches (secret bundles,
-/// the principals' credentials), regions served, certificate expiry, upstream timings,
+/// listings, the principals' credentials), regions served, certificate expiry, upstream timings,
 /// retries and the trace exporter.
 #[derive(Debug)]
 pub(crate) struct ScrapeSources {
     pub(crate) bundles: cache::Cache<vault::BundleKey, vault::SecretBundle>,
+    /// The listings of version histories and selections.
+    pub(crate) listings: cache::Cache<vault::ListKey, vault::Listing>,
     pub(crate) principals: auth::Principals,
     /// Which region served each entry.
     pub(crate) served: std::sync::Arc<provider::RegionStats>,

@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// Which class of upstream an authority is (`secrets`, `kubernetes`, `proxymux`,
-/// `federation`, `identity_domain`, `imds`): the configured endpoints, then the OCI host
-/// names.
+/// Which class of upstream an authority is (`secrets`, `certificates`, `vaults`,
+/// `kubernetes`, `proxymux`, `federation`, `identity_domain`, `imds`): the configured
+/// endpoints, then the OCI host names.
 #[derive(Debug, Default)]
 pub(crate) struct HostClasses(std::collections::BTreeMap<String, &'static str>);
 
@@ -22,6 +22,8 @@ impl HostClasses {
             "secrets"
         } else if host.starts_with("certificates.") {
             "certificates"
+        } else if host.starts_with("vaults.") {
+            "vaults"
         } else if host.starts_with("auth.") {
             "federation"
         } else if host.ends_with(".identity.oraclecloud.com") {

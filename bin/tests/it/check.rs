@@ -100,6 +100,110 @@ fn usage_errors_exit_2() {
     );
 }
 
+/// The binary run with `args` (no `check` in front): exit code and standard output.
+fn binary(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oci-secrets-store-csi-driver-provider"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn check_is_found_from_the_binarys_help_and_names_the_binary() {
+    for args in [&["--help"][..], &["help"]] {
+        let (code, out) = binary(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(
+            out.contains("Usage: oci-secrets-store-csi-driver-provider [OPTIONS] [COMMAND]"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n  check  Validate SecretProviderClass manifests offline"),
+            "{out}"
+        );
+    }
+    for args in [&["check", "--help"][..], &["help", "check"]] {
+        let (code, out) = binary(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(
+            out.contains("Usage: oci-secrets-store-csi-driver-provider check [OPTIONS] <FILES>..."),
+            "{out}"
+        );
+        assert!(out.contains("--service-account"), "{out}");
+    }
+}
+
+#[test]
+fn empty_input_says_so_and_one_file_is_one_file() {
+    for empty in ["", "\n", "---\n"] {
+        let (code, out, _) = check(&["-"], Some(empty));
+        assert_eq!(code, 1, "{empty:?}: {out}");
+        assert!(out.contains("no SecretProviderClass in it"), "{out}");
+    }
+    let one = "kind: SecretProviderClass\nmetadata: {name: one, namespace: ns}\nspec:\n  provider: oci\n  parameters:\n    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n    secrets: \"- name: a\"\n";
+    let (code, out, _) = check(&["-"], Some(one));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("-: ns/one: valid, 1 file\n"), "{out}");
+}
+
+#[test]
+fn a_misspelt_field_or_parameter_is_named_once_with_what_was_meant() {
+    let class = |parameters: &str, entries: &str| {
+        format!(
+            "kind: SecretProviderClass\nmetadata: {{name: c, namespace: ns}}\nspec:\n  provider: oci\n  parameters:\n{parameters}    secrets: |\n{entries}"
+        )
+    };
+    // An unknown entry field: once, where, and what was meant; no stale list of fields.
+    let (code, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n",
+            "      - name: a\n        encodng: base64\n",
+        )),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("-: ns/c: 1 error\n"), "{out}");
+    assert!(
+        out.contains(
+            "line 2, column 3: unknown field \"encodng\" in an entry; did you mean \"encoding\"?"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("expected a YAML list"), "{out}");
+    // In a keys item, and far from any name: the item's fields are listed.
+    let (_, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n",
+            "      - name: a\n        keys:\n        - key: k\n          colour: red\n",
+        )),
+    );
+    assert!(
+        out.contains(
+            "unknown field \"colour\" in a keys item; a keys item takes key, fileName, mode"
+        ),
+        "{out}"
+    );
+    // A misspelt class parameter: a warning, never an error.
+    let (code, out, _) = check(
+        &["-"],
+        Some(&class(
+            "    authType: instance\n    vaultId: ocid1.vault.oc1.iad.x\n    regoin: iad\n    failoverregion: phx\n",
+            "      - name: a\n",
+        )),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("  warning: parameter \"regoin\" is not one the provider reads (ignored); did you mean \"region\"?\n"),
+        "{out}"
+    );
+    assert!(out.contains("did you mean \"failoverRegion\"?"), "{out}");
+}
+
 #[test]
 fn every_problem_of_one_class_is_named_in_one_run() {
     // A bad region, an unquoted mode, an escaping fileName and both versionNumber and stage:
@@ -218,4 +322,91 @@ fn with_a_federation_config_workload_classes_are_told_what_serves_them() {
     let (code, _, err) = check(&["--config", config, "-"], Some(class));
     assert_eq!(code, 2);
     assert!(err.contains("needs region"), "{err}");
+}
+
+#[test]
+fn versions_and_tag_selections_print_each_version_file_and_what_they_select() {
+    let (code, out, _) = check(&["kinds.yaml"], None);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out, golden("kinds.txt"));
+    let (_, json, _) = check(&["--output", "json", "kinds.yaml"], None);
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let files = parsed[0]["files"].as_array().unwrap();
+    let selection = &files[3];
+    assert_eq!(selection["path"], "payments/<each secret's name>");
+    assert_eq!(
+        selection["selection"],
+        "tag \"team=payments\" and namePrefix \"app-\""
+    );
+    assert_eq!(files[1]["selector"], "the version before the current");
+}
+
+/// Every SecretProviderClass the README shows, and every fragment of one (`parameters:`,
+/// `secrets: |` or an entry list), is one `check` finds valid: the examples stay true.
+#[test]
+fn every_secret_provider_class_of_the_readme_is_valid() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let indent = |text: &str, by: usize| -> String {
+        text.lines()
+            .map(|l| format!("{}{l}\n", " ".repeat(by)))
+            .collect()
+    };
+    let class = |parameters: &str| {
+        // The class's own parameters are the fragment's unindented lines.
+        let has = |p: &str| parameters.lines().any(|l| l.starts_with(p));
+        let mut defaults = String::new();
+        if !has("authType:") {
+            defaults.push_str("authType: workload\n");
+        }
+        if !has("vaultId:") {
+            defaults.push_str("vaultId: ocid1.vault.oc1.iad.readme\n");
+        }
+        format!(
+            "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\nmetadata: {{ name: readme, namespace: app }}\nspec:\n  provider: oci\n  parameters:\n{}{}",
+            indent(&defaults, 4),
+            indent(parameters, 4)
+        )
+    };
+    let mut checked = 0;
+    for block in readme.split("```yaml\n").skip(1) {
+        let block = &block[..block.find("```").unwrap()];
+        // Outdent a fragment cut from an indented manifest.
+        let margin = block
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.len() - l.trim_start().len())
+            .min()
+            .unwrap_or(0);
+        let block: String = block
+            .lines()
+            .map(|l| format!("{}\n", l.get(margin..).unwrap_or("")))
+            .collect();
+        let classes: Vec<String> = if block.contains("kind: SecretProviderClass") {
+            block
+                .split("\n---\n")
+                .filter(|doc| doc.contains("kind: SecretProviderClass"))
+                .map(str::to_owned)
+                .collect()
+        } else if let Some(parameters) = block.strip_prefix("parameters:\n") {
+            vec![class(
+                &parameters
+                    .lines()
+                    .map(|l| format!("{}\n", l.get(2..).unwrap_or("")))
+                    .collect::<String>(),
+            )]
+        } else if block.starts_with("secrets: |") {
+            vec![class(&block)]
+        } else if block.starts_with("- ") && !block.starts_with("- alert") {
+            vec![class(&format!("secrets: |\n{}", indent(&block, 2)))]
+        } else {
+            continue;
+        };
+        for class in classes {
+            let (code, out, err) = check(&["-"], Some(&class));
+            assert_eq!(code, 0, "README block:\n{class}\n{out}{err}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} classes checked");
 }

@@ -29,6 +29,7 @@ fn go_pprof_raw(profile: &[u8]) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs Go for go tool pprof (Debian: golang-go)"]
 async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles() {
     let port = free_port();
     let port_flag = format!("--pprof-port={port}");
@@ -111,6 +112,7 @@ async fn the_debug_server_serves_cpu_profiles_stats_and_explains_heap_profiles()
 /// `/debug/pprof/heap` is a heap profile `go tool pprof` reads.
 #[cfg(feature = "jemalloc")]
 #[tokio::test]
+#[ignore = "needs Go for go tool pprof (Debian: golang-go)"]
 async fn with_jemalloc_the_heap_profile_is_a_pprof_profile() {
     let port = free_port();
     let port_flag = format!("--pprof-port={port}");

@@ -12,7 +12,7 @@
 //! [`BudgetLayer`] is the one way a fetch is counted: its service takes a [`Metered`]
 //! request (which only the mount service makes) and answers [`Held`] (which only it makes),
 //! and `OciMount` takes fetch services that answer `Held`. So every fetch kind (secrets,
-//! certificates, any future kind) goes through the reservation, the namespace's share and
+//! certificates, listings, any future kind) goes through the reservation, the namespace's share and
 //! the mount's running total, or does not compile. While a fetch waits out a retry backoff
 //! its reservation goes back (`vault::with_backoff`).
 
@@ -263,6 +263,13 @@ impl<T: Weigh> Weigh for cache::Cached<T> {
     }
 }
 
+impl Weigh for vault::Listing {
+    /// The names and OCIDs a listing keeps (what the cache counts too).
+    fn weight(&self) -> usize {
+        cache::CacheValue::bytes(self)
+    }
+}
+
 impl Weigh for vault::CertificateBundle {
     fn weight(&self) -> usize {
         let secret = |s: &Option<vault::SecretContent>| s.as_ref().map_or(0, |c| c.len());
@@ -320,6 +327,11 @@ impl<R> Metered<R> {
             request,
             mount: Arc::clone(mount),
         }
+    }
+
+    /// The request.
+    pub(crate) fn request(&self) -> &R {
+        &self.request
     }
 }
 

@@ -1,5 +1,5 @@
-//! Where a mount's calls go: the one place a region becomes the Secrets and Certificates
-//! URLs its requests are built with. The principal's region comes with its established
+//! Where a mount's calls go: the one place a region becomes the Secrets, Certificates and
+//! Vault URLs its requests are built with. The principal's region comes with its established
 //! identity; a region a SecretProviderClass names is resolved here, among the regions the
 //! provider knows (never a host); the operator's overrides (`[endpoints]`) come first.
 
@@ -19,6 +19,10 @@ pub struct EndpointOverrides {
     pub certificates: Option<String>,
     /// Certificates API base URLs by region id, before `certificates`.
     pub certificates_by_region: BTreeMap<String, String>,
+    /// Vault (management) API base URL for every region: ListSecrets.
+    pub vaults: Option<String>,
+    /// Vault API base URLs by region id, before `vaults`.
+    pub vaults_by_region: BTreeMap<String, String>,
 }
 
 /// Resolves regions to endpoints. The default knows the built-in regions and has no
@@ -39,6 +43,9 @@ pub struct RegionEndpoints {
     pub secrets: String,
     /// Certificates API base URL.
     pub certificates: String,
+    /// Vault (management) API base URL, which lists a vault's secrets; `None` without a
+    /// known region or an override (only `tag` and `namePrefix` entries need it).
+    pub vaults: Option<String>,
 }
 
 impl RegionEndpoints {
@@ -117,10 +124,22 @@ impl Endpoints {
                 None => format!("https://certificates.{r}"),
             },
         )?;
+        let vaults = pick(
+            region,
+            &o.vaults_by_region,
+            o.vaults.as_deref(),
+            "vaults",
+            |r| match r.domain() {
+                Some(domain) => format!("https://vaults.{r}.oci.{domain}"),
+                None => format!("https://vaults.{r}"),
+            },
+        )
+        .ok();
         Ok(RegionEndpoints {
             region: region.cloned(),
             secrets,
             certificates,
+            vaults,
         })
     }
 
@@ -134,8 +153,9 @@ impl Endpoints {
 
 /// The override for the region, else the one for every region, else the region's own URL
 /// (spec 2.1: `https://secrets.vaults.<region>.oci.<domain>`; the SDK's Certificates
-/// template `https://certificates.<region>.oci.<domain>`, `docs/oci-certificates.md`; a
-/// dotted region is the host's own domain).
+/// template `https://certificates.<region>.oci.<domain>`, `docs/oci-certificates.md`; its
+/// Vault template `https://vaults.<region>.oci.<domain>`; a dotted region is the host's own
+/// domain).
 fn pick(
     region: Option<&Region>,
     by_region: &BTreeMap<String, String>,
@@ -172,6 +192,10 @@ mod tests {
             "https://secrets.vaults.us-ashburn-1.oci.oraclecloud.com"
         );
         assert_eq!(iad.certificates, "https://certs.example");
+        assert_eq!(
+            iad.vaults.as_deref(),
+            Some("https://vaults.us-ashburn-1.oci.oraclecloud.com")
+        );
         assert_eq!(
             (iad.name(), iad.realm()),
             ("us-ashburn-1", Some("oraclecloud.com"))
@@ -252,6 +276,7 @@ mod tests {
             .unwrap()
             .of(None)
             .unwrap();
+        assert_eq!(served.vaults, None, "only selections need it");
         assert_eq!(served.name(), "configured endpoints");
         assert_eq!(served.realm(), None);
     }

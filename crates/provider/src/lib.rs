@@ -3,7 +3,8 @@
 //! `csi-grpc` hands this crate a typed [`csi_grpc::MountRequest`]; this crate reads the
 //! SecretProviderClass parameters of OCI ([`MountParameters`]), establishes the identity
 //! (`auth`), resolves where its calls go ([`Endpoints`]), fetches the secret bundles
-//! concurrently (`vault`), and assembles the files and object versions. It is the only crate that knows both the CSI request and OCI.
+//! concurrently (`vault`; with the listings a version history or a selection needs), and
+//! assembles the files and object versions. It is the only crate that knows both the CSI request and OCI.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
@@ -11,6 +12,8 @@ mod certificates;
 mod endpoints;
 mod extract;
 mod failover;
+#[doc(hidden)]
+pub mod fuzzing;
 mod params;
 mod service;
 pub mod template;
@@ -24,10 +27,13 @@ pub use extract::{Format, KeySpec};
 pub use failover::{Failover, FailoverLayer, RegionStats, ServedBy, WithFailover};
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MountParameters, ParamError, ParseLimits,
-    SecretSource, SecretSpec, Stage, TemplateSpec, VersionSelector,
+    Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MAX_VERSIONS, MountParameters, ParamError,
+    ParseLimits, SecretSource, SecretSpec, SelectionSpec, Stage, TemplateSpec, VersionSelector,
 };
-pub use service::{BundleResponse, IdentityService, MountContext, OciMount, SecretsService};
+pub use service::{
+    BundleResponse, IdentityService, ListingResponse, ListingService, MountContext, NoListings,
+    OciMount, SecretsService,
+};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

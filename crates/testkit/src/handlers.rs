@@ -35,10 +35,11 @@ pub(crate) async fn handle(
         Endpoint::Imds => imds(shared, parts),
         Endpoint::Certificates => certificates(shared, parts, body),
         Endpoint::IdentityDomain => crate::domain::handle(shared, parts, body),
+        Endpoint::Vaults => crate::listing::vaults(shared, parts, body),
     }
 }
 
-fn unauthenticated(msg: &str) -> Reply {
+pub(crate) fn unauthenticated(msg: &str) -> Reply {
     oci_error(
         StatusCode::UNAUTHORIZED,
         "NotAuthenticated",
@@ -48,7 +49,7 @@ fn unauthenticated(msg: &str) -> Reply {
     )
 }
 
-fn not_found() -> Reply {
+pub(crate) fn not_found() -> Reply {
     oci_error(
         StatusCode::NOT_FOUND,
         "NotAuthorizedOrNotFound",
@@ -128,7 +129,17 @@ fn secrets(shared: &Shared, parts: &Parts, body: &[u8], rid: &str) -> Reply {
         status: 0,
         request_id: rid.to_owned(),
     };
-    let reply = secrets_inner(shared, parts, body, &mut call);
+    let versions = parts
+        .uri
+        .path()
+        .strip_prefix("/20190301/secretbundles/")
+        .and_then(|rest| rest.strip_suffix("/versions"))
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+        .map(str::to_owned);
+    let reply = match versions {
+        Some(id) => crate::listing::versions(shared, parts, body, &id, &mut call),
+        None => secrets_inner(shared, parts, body, &mut call),
+    };
     call.status = reply.status.as_u16();
     shared.state().secrets_calls.push(call);
     reply

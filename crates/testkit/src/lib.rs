@@ -1,5 +1,5 @@
 //! An in-process emulator of every remote endpoint the OCI Vault provider talks to: the OCI
-//! Secrets API, the OCI Auth x509 federation endpoint, OKE proxymux, a Kubernetes API subset
+//! Secrets API, the Vault API's ListSecrets, the OCI Auth x509 federation endpoint, OKE proxymux, a Kubernetes API subset
 //! and instance metadata.
 //!
 //! Every HTTPS endpoint is real TLS on `127.0.0.1` (ephemeral ports) with a certificate from a
@@ -41,6 +41,7 @@ mod domain;
 mod driver;
 mod faults;
 mod handlers;
+mod listing;
 mod pki;
 mod seed;
 mod server;
@@ -66,11 +67,11 @@ pub use crate::crypto::api_key_fingerprint;
 pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
 pub use crate::seed::{
-    Access, Content, IdentityDomainSeed, ImpersonationRule, InstanceSeed, KubeSecretSeed,
-    Lifetimes, OAuthClientSeed, STAGES, SecretSeed, Seed, ServiceAccountSeed, TrustKeys, TrustSeed,
-    UserSeed, VaultSeed, VersionSeed, WorkloadRef,
+    Access, CompartmentSeed, Content, DEFAULT_COMPARTMENT, IdentityDomainSeed, ImpersonationRule,
+    InstanceSeed, KubeSecretSeed, LIFECYCLE_STATES, Lifetimes, OAuthClientSeed, STAGES, SecretSeed,
+    Seed, ServiceAccountSeed, TrustKeys, TrustSeed, UserSeed, VaultSeed, VersionSeed, WorkloadRef,
 };
-pub use crate::state::{Principal, Revoke, SecretsCall};
+pub use crate::state::{Principal, Revoke, SecretsCall, VaultsCall};
 pub use crate::stats::{Endpoint, ListenerStats, Stats, WaitTimeout};
 pub use crate::tokens::{Signer, TokenSpec};
 
@@ -385,6 +386,55 @@ impl EmulatorHandle {
     /// Every Secrets API call so far, in order, with the identity it was made as.
     pub fn secrets_calls(&self) -> Vec<SecretsCall> {
         self.shared.state().secrets_calls.clone()
+    }
+
+    /// Every Vault API call (ListSecrets) so far, in order.
+    pub fn vaults_calls(&self) -> Vec<VaultsCall> {
+        self.shared.state().vaults_calls.clone()
+    }
+
+    /// The most items one list page answers (ListSecrets, ListSecretBundleVersions),
+    /// whatever its `limit` asks: a listing of more takes several pages.
+    pub fn set_list_page_size(&self, items: usize) {
+        self.shared.state().list_page_size = items.max(1);
+    }
+
+    /// Sets a secret's lifecycle state (one of [`LIFECYCLE_STATES`]), e.g. to schedule its
+    /// deletion: ListSecrets filters on it, bundles are still served.
+    pub fn set_secret_lifecycle(&self, secret_id: &str, state: &str) -> Result<(), Error> {
+        if !LIFECYCLE_STATES.contains(&state) {
+            return Err(Error::Seed(format!("unknown lifecycle state {state}")));
+        }
+        let mut st = self.shared.state();
+        let secret = st
+            .secrets
+            .iter_mut()
+            .find(|s| s.id == secret_id)
+            .ok_or_else(|| Error::NotFound(secret_id.into()))?;
+        secret.lifecycle_state = state.to_owned();
+        Ok(())
+    }
+
+    /// Sets (or, with `None`, removes) a freeform tag of a secret.
+    pub fn set_secret_tag(
+        &self,
+        secret_id: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut st = self.shared.state();
+        let secret = st
+            .secrets
+            .iter_mut()
+            .find(|s| s.id == secret_id)
+            .ok_or_else(|| Error::NotFound(secret_id.into()))?;
+        match value {
+            Some(value) => secret
+                .freeform_tags
+                .insert(key.to_owned(), value.to_owned()),
+            None => secret.freeform_tags.remove(key),
+        };
+        Ok(())
     }
 
     /// Appends faults consumed one per request at `endpoint`, before any persistent fault.
@@ -717,6 +767,7 @@ impl EmulatorHandle {
              [endpoints]\n\
              secrets = {:?}\n\
              certificates = {:?}\n\
+             vaults = {:?}\n\
              federation = {:?}\n\
              proxymux = {:?}\n\
              kubernetes_api = {:?}\n\
@@ -728,6 +779,7 @@ impl EmulatorHandle {
              oci_ca_files = [{:?}]\n",
             self.url(Endpoint::Secrets),
             self.url(Endpoint::Certificates),
+            self.url(Endpoint::Vaults),
             self.url(Endpoint::Auth),
             self.url(Endpoint::Proxymux),
             self.url(Endpoint::Kube),

@@ -12,6 +12,22 @@ use serde::{Deserialize, Serialize};
 /// The stages a secret version can carry (spec 2.2).
 pub const STAGES: [&str; 5] = ["CURRENT", "PENDING", "LATEST", "PREVIOUS", "DEPRECATED"];
 
+/// The compartment of a secret that names none.
+pub const DEFAULT_COMPARTMENT: &str = "ocid1.compartment.oc1..aaaaaaaaemulatorcompartment";
+
+/// A secret's lifecycle states of the Vault API (ListSecrets filters on them).
+pub const LIFECYCLE_STATES: [&str; 9] = [
+    "CREATING",
+    "ACTIVE",
+    "UPDATING",
+    "DELETING",
+    "DELETED",
+    "SCHEDULING_DELETION",
+    "PENDING_DELETION",
+    "CANCELLING_DELETION",
+    "FAILED",
+];
+
 /// Everything an emulator starts with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,6 +61,8 @@ pub struct Seed {
     /// The OCI identity domain of workload identity federation: its confidential
     /// applications and identity propagation trusts.
     pub identity_domain: IdentityDomainSeed,
+    /// Compartments and who may list their secrets (`inspect secrets`).
+    pub compartments: Vec<CompartmentSeed>,
 }
 
 impl Default for Seed {
@@ -68,6 +86,7 @@ impl Default for Seed {
             certificate_authorities: Vec::new(),
             ca_bundles: Vec::new(),
             identity_domain: IdentityDomainSeed::default(),
+            compartments: Vec::new(),
         }
     }
 }
@@ -119,9 +138,57 @@ impl Seed {
         self
     }
 
+    /// Adds a compartment and who may list its secrets.
+    pub fn compartment(mut self, compartment: CompartmentSeed) -> Self {
+        self.compartments.push(compartment);
+        self
+    }
+
     /// Adds a Kubernetes Secret.
     pub fn kube_secret(mut self, secret: KubeSecretSeed) -> Self {
         self.kube_secrets.push(secret);
+        self
+    }
+}
+
+/// A compartment: who may list its secrets with the Vault API (the IAM statement
+/// `inspect secrets in compartment ...`). Reading a secret's bundles is its own `access`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompartmentSeed {
+    /// Compartment OCID.
+    pub id: String,
+    /// Who may list its secrets.
+    pub inspect: Access,
+}
+
+impl CompartmentSeed {
+    /// A compartment nobody may list.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            inspect: Access::default(),
+        }
+    }
+
+    /// Lets a user OCID list its secrets.
+    pub fn allow_user(mut self, user: impl Into<String>) -> Self {
+        self.inspect.users.push(user.into());
+        self
+    }
+
+    /// Lets a workload (namespace + service account) list its secrets.
+    pub fn allow_workload(mut self, namespace: &str, service_account: &str) -> Self {
+        self.inspect.workloads.push(WorkloadRef {
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+        });
+        self
+    }
+
+    /// Lets the instances of a tenancy list its secrets.
+    pub fn allow_instance_tenancy(mut self, tenancy: impl Into<String>) -> Self {
+        self.inspect.instance_tenancies.push(tenancy.into());
         self
     }
 }
@@ -148,6 +215,12 @@ pub struct SecretSeed {
     pub versions: Vec<VersionSeed>,
     /// Who may read it.
     pub access: Access,
+    /// Its compartment (empty: [`DEFAULT_COMPARTMENT`]).
+    pub compartment_id: String,
+    /// Its freeform tags.
+    pub freeform_tags: BTreeMap<String, String>,
+    /// Its lifecycle state (empty: `ACTIVE`), one of [`LIFECYCLE_STATES`].
+    pub lifecycle_state: String,
 }
 
 impl SecretSeed {
@@ -173,6 +246,24 @@ impl SecretSeed {
             stages: stages.iter().map(|s| (*s).to_owned()).collect(),
             content: Content(content.into()),
         });
+        self
+    }
+
+    /// Puts it in a compartment.
+    pub fn in_compartment(mut self, compartment_id: impl Into<String>) -> Self {
+        self.compartment_id = compartment_id.into();
+        self
+    }
+
+    /// Adds a freeform tag.
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.freeform_tags.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets its lifecycle state, e.g. `PENDING_DELETION`.
+    pub fn lifecycle(mut self, state: impl Into<String>) -> Self {
+        self.lifecycle_state = state.into();
         self
     }
 

@@ -176,6 +176,23 @@ pub(crate) struct SecretState {
     pub(crate) vault_id: String,
     pub(crate) versions: Vec<VersionState>,
     pub(crate) access: Access,
+    pub(crate) compartment_id: String,
+    pub(crate) freeform_tags: BTreeMap<String, String>,
+    pub(crate) lifecycle_state: String,
+    pub(crate) time_created: SystemTime,
+}
+
+/// One recorded Vault API call (ListSecrets).
+#[derive(Clone, Debug, Serialize)]
+pub struct VaultsCall {
+    /// Who made it (`None` when authentication failed).
+    pub identity: Option<Principal>,
+    /// Raw path and query.
+    pub target: String,
+    /// Secrets in the page answered.
+    pub items: usize,
+    /// Response status.
+    pub status: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -197,6 +214,11 @@ pub(crate) struct State {
     pub(crate) tokens: HashMap<String, TokenRecord>,
     pub(crate) revoked: BTreeSet<String>,
     pub(crate) secrets_calls: Vec<SecretsCall>,
+    pub(crate) vaults_calls: Vec<VaultsCall>,
+    /// Who may list the secrets of each compartment.
+    pub(crate) compartments: BTreeMap<String, Access>,
+    /// The most items a list page answers, whatever `limit` asks.
+    pub(crate) list_page_size: usize,
     pub(crate) cert_pki: crate::certs::CertPki,
     pub(crate) certificates: Vec<crate::certs::CertState>,
     pub(crate) certificate_authorities: Vec<crate::certs::CaSeed>,
@@ -297,7 +319,20 @@ impl Shared {
                     }
                 }
             }
+            let state = match s.lifecycle_state.as_str() {
+                "" => "ACTIVE",
+                other if crate::seed::LIFECYCLE_STATES.contains(&other) => other,
+                other => return Err(Error::Seed(format!("unknown lifecycle state {other}"))),
+            };
+            let compartment = match s.compartment_id.as_str() {
+                "" => crate::seed::DEFAULT_COMPARTMENT,
+                other => other,
+            };
             secrets.push(SecretState {
+                compartment_id: compartment.to_owned(),
+                freeform_tags: s.freeform_tags.clone(),
+                lifecycle_state: state.to_owned(),
+                time_created: now,
                 id: s.id.clone(),
                 name: s.name.clone(),
                 vault_id: s.vault_id.clone(),
@@ -363,6 +398,13 @@ impl Shared {
             tokens: HashMap::new(),
             revoked: BTreeSet::new(),
             secrets_calls: Vec::new(),
+            vaults_calls: Vec::new(),
+            compartments: seed
+                .compartments
+                .iter()
+                .map(|c| (c.id.clone(), c.inspect.clone()))
+                .collect(),
+            list_page_size: 1000,
             faults: BTreeMap::new(),
             host_faults: BTreeMap::new(),
             issuer_faults: FaultPlan::default(),

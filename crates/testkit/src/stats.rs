@@ -26,11 +26,13 @@ pub enum Endpoint {
     Certificates,
     /// An OCI identity domain's OAuth token endpoint: workload identity federation (HTTPS).
     IdentityDomain,
+    /// OCI Vault (secret management) API: ListSecrets (HTTPS).
+    Vaults,
 }
 
 impl Endpoint {
     /// All endpoints.
-    pub const ALL: [Endpoint; 7] = [
+    pub const ALL: [Endpoint; 8] = [
         Endpoint::Secrets,
         Endpoint::Auth,
         Endpoint::Proxymux,
@@ -38,6 +40,7 @@ impl Endpoint {
         Endpoint::Imds,
         Endpoint::Certificates,
         Endpoint::IdentityDomain,
+        Endpoint::Vaults,
     ];
 
     /// Whether this endpoint is served over TLS.
@@ -56,6 +59,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Imds => "imds",
             Endpoint::Certificates => "certificates",
             Endpoint::IdentityDomain => "identity_domain",
+            Endpoint::Vaults => "vaults",
         })
     }
 }

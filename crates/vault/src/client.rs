@@ -17,10 +17,13 @@ use tower::{Service, ServiceExt as _};
 use crate::bundle::{self, MalformedBundle, SecretBundle};
 use crate::certificate::{self, CertificateBundle, CertificateRequest};
 use crate::error::{OciError, Subject, VaultError};
+use crate::list::{ListKind, Page, PageRequest};
 use crate::request::SecretRequest;
 
 /// The request id header OCI reads and echoes.
 const OPC_REQUEST_ID: HeaderName = HeaderName::from_static("opc-request-id");
+/// The page token of a listing's next page.
+const OPC_NEXT_PAGE: HeaderName = HeaderName::from_static("opc-next-page");
 /// Tells OCI whether the client retries (spec 2.4).
 const OPC_CLIENT_RETRIES: HeaderName = HeaderName::from_static("opc-client-retries");
 
@@ -143,10 +146,11 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::SecretRequest {}
     impl Sealed for crate::CertificateRequest {}
+    impl Sealed for crate::PageRequest {}
 }
 
-/// A request of the Secrets or the Certificates API (sealed): where, as whom, by when, and
-/// how its answer parses. The two APIs share everything else (signing, retries, errors).
+/// A request of the Secrets, Certificates or Vault API (sealed): where, as whom, by when,
+/// and how its answer parses. The APIs share everything else (signing, retries, errors).
 pub trait Call: sealed::Sealed + Send + Sync + 'static {
     /// What a successful answer is.
     type Answer: Send + 'static;
@@ -166,11 +170,12 @@ pub trait Call: sealed::Sealed + Send + Sync + 'static {
     fn base_url(&self) -> &str;
     /// The HTTP method and URI (spec 2.2, 2.3).
     fn method_and_uri(&self) -> (http::Method, String);
-    /// The answer of a successful response.
+    /// The answer of a successful response (`next_page`: its `opc-next-page`).
     fn parse(
         &self,
         body: &[u8],
         opc_request_id: Option<String>,
+        next_page: Option<&str>,
     ) -> Result<Self::Answer, MalformedBundle>;
 }
 
@@ -198,7 +203,12 @@ impl Call for SecretRequest {
     fn method_and_uri(&self) -> (http::Method, String) {
         SecretRequest::method_and_uri(self)
     }
-    fn parse(&self, body: &[u8], id: Option<String>) -> Result<SecretBundle, MalformedBundle> {
+    fn parse(
+        &self,
+        body: &[u8],
+        id: Option<String>,
+        _: Option<&str>,
+    ) -> Result<SecretBundle, MalformedBundle> {
         bundle::parse(body, id)
     }
 }
@@ -230,8 +240,50 @@ impl Call for CertificateRequest {
     fn method_and_uri(&self) -> (http::Method, String) {
         CertificateRequest::method_and_uri(self)
     }
-    fn parse(&self, body: &[u8], id: Option<String>) -> Result<CertificateBundle, MalformedBundle> {
+    fn parse(
+        &self,
+        body: &[u8],
+        id: Option<String>,
+        _: Option<&str>,
+    ) -> Result<CertificateBundle, MalformedBundle> {
         certificate::parse(&self.target, body, id)
+    }
+}
+
+impl Call for PageRequest {
+    type Answer = Page;
+    const API: &'static str = "listings";
+    fn deadline(&self) -> Instant {
+        self.list.deadline
+    }
+    fn identity(&self) -> auth::Identity {
+        PageRequest::identity(self)
+    }
+    fn session(&self) -> &auth::Session {
+        &self.list.session
+    }
+    fn describe(&self) -> String {
+        self.list.describe()
+    }
+    fn grant(&self) -> &'static str {
+        match self.list.kind {
+            ListKind::Versions { .. } => Subject::SECRETS_GRANT,
+            ListKind::Secrets { .. } => Subject::LIST_GRANT,
+        }
+    }
+    fn base_url(&self) -> &str {
+        &self.list.base_url
+    }
+    fn method_and_uri(&self) -> (http::Method, String) {
+        PageRequest::method_and_uri(self)
+    }
+    fn parse(
+        &self,
+        body: &[u8],
+        _: Option<String>,
+        next_page: Option<&str>,
+    ) -> Result<Page, MalformedBundle> {
+        PageRequest::parse(self, body, next_page)
     }
 }
 
@@ -337,10 +389,11 @@ where
             "OCI call answered"
         );
         if status.is_success() {
+            let next_page = header_str(headers, &OPC_NEXT_PAGE);
             return self
                 .attempt
                 .request
-                .parse(response.body(), opc_request_id.clone())
+                .parse(response.body(), opc_request_id.clone(), next_page)
                 .map_err(|reason| VaultError::Malformed {
                     subject: self.subject(),
                     reason,

@@ -121,6 +121,8 @@ impl Subject {
     /// What reading a certificate needs.
     pub const CERTIFICATES_GRANT: &'static str =
         "\"read leaf-certificate-bundles\" on the certificate's compartment";
+    /// What listing the secrets of a vault needs.
+    pub const LIST_GRANT: &'static str = "\"inspect secrets\" on the vault's compartment";
     /// What reading a CA or a CA bundle needs.
     pub const CA_GRANT: &'static str =
         "\"read certificate-authority-bundles\" on the CA's compartment";

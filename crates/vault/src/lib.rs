@@ -1,4 +1,5 @@
-//! The OCI Secrets API client (spec section 2) as a tower service.
+//! The OCI Secrets API client (spec section 2) as a tower service, and the two listings a
+//! mount makes (the versions of a secret, the secrets of a vault: [`ListerLayer`]).
 //!
 //! [`VaultClient`] turns an [`Attempt`] of a [`SecretRequest`] (which secret, which version,
 //! as which [`auth::Identity`], from which endpoint, by when) into a [`SecretBundle`], and
@@ -26,6 +27,8 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 mod key;
+mod list;
+mod lister;
 mod request;
 mod retry;
 mod tls;
@@ -36,6 +39,11 @@ pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{Api, BundleKey, BundleType};
+pub use list::{
+    ListKind, ListRequest, ListedSecret, MAX_PAGES, Page, PageRequest, SECRETS_PAGE_LIMIT,
+    SecretFilter, TagFilter,
+};
+pub use lister::{ListKey, ListStop, Lister, ListerLayer, Listing};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::{Retries, Retry, RetryLayer, RetryPolicy, RetryReason};
 pub use tls::{TlsError, TlsFiles, unix};

@@ -116,3 +116,23 @@ async fn no_status_message_or_log_line_grows_with_what_a_tenant_writes() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_misspelt_parameter_mounts_and_the_log_says_what_was_meant() {
+    let emu = emulator(1).await;
+    let provider = provider(&emu, &[], &[]).await;
+    let mut client = provider.client().await;
+    let mut mount = request("workload", "sa-0", 1, TWO_SECRETS);
+    let mut attributes: serde_json::Value = serde_json::from_str(&mount.attributes).unwrap();
+    attributes["regoin"] = json!("iad");
+    mount.attributes = attributes.to_string();
+    client.mount(mount).await.unwrap();
+    let out = provider.terminate().await;
+    assert!(
+        out.stderr.contains(
+            "parameter \"regoin\" is not one the provider reads (ignored); did you mean \"region\"?"
+        ),
+        "{}",
+        out.stderr
+    );
+}

@@ -93,7 +93,7 @@ fn readme_examples() -> Vec<String> {
                 .map(|l| l.strip_prefix("      ").unwrap_or(l))
                 .collect::<Vec<_>>()
                 .join("\n")
-                .replace("ocid1.cabundle.oc1.iad.amaaaa...", CA_BUNDLE)
+                .replace("ocid1.cabundle.oc1.iad.amaaaaexample", CA_BUNDLE)
         })
         .collect()
 }

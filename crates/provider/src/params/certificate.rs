@@ -7,7 +7,7 @@ use super::class::check_ocid;
 use super::fields::{parse_mode, parse_selector};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
 use super::spec::{CertificateKind, CertificateSpec};
-use super::yaml::{Field, RawSecret};
+use super::yaml::{EntryKind, Field, RawSecret};
 
 /// The certificate kind an entry names, if it names one (several are refused later).
 pub(super) fn certificate_kind(item: &RawSecret) -> Option<CertificateKind> {
@@ -99,7 +99,7 @@ fn certificate_id(
             named.join(" and ")
         )));
     }
-    if let Some(bad) = item.misplaced(Some(kind)) {
+    if let Some(bad) = item.misplaced(EntryKind::Certificate(kind)) {
         let applies = takes(kind);
         return Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{bad} does not apply to a {field} entry: {applies}"

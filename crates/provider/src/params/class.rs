@@ -6,8 +6,46 @@ use std::collections::BTreeMap;
 use bounded::quote;
 use csi_grpc::Pod;
 
-use super::problems::ParamError;
-use super::spec::{AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, MAX_OCI_PARAMETER_LEN, VAULT_ID};
+use super::problems::{ParamError, nearest};
+use super::spec::{
+    AUTH_SECRET_NAME, AUTH_TYPE, AuthSpec, COMPARTMENT_ID, FAILOVER_REGION, FAILOVER_VAULT_ID,
+    MAX_OCI_PARAMETER_LEN, REGION, SECRETS, VAULT_ID,
+};
+
+/// The class parameters the provider reads.
+const CLASS_PARAMETERS: [&str; 8] = [
+    SECRETS,
+    VAULT_ID,
+    AUTH_TYPE,
+    AUTH_SECRET_NAME,
+    REGION,
+    FAILOVER_REGION,
+    FAILOVER_VAULT_ID,
+    COMPARTMENT_ID,
+];
+
+/// The most warnings of one class.
+const MAX_WARNINGS: usize = 8;
+
+/// A warning for each attribute that looks like a misspelt class parameter (`vaultid`,
+/// `regoin`), naming the parameter meant. Never an error: the driver passes attributes of
+/// its own (`csi.storage.k8s.io/...`, `secretProviderClass`), and other providers' classes
+/// may hold parameters of theirs.
+pub(super) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<String> {
+    attributes
+        .keys()
+        .filter(|k| !CLASS_PARAMETERS.contains(&k.as_str()) && !k.contains('/'))
+        .filter_map(|k| {
+            nearest(k, &CLASS_PARAMETERS).map(|meant| {
+                format!(
+                    "parameter {} is not one the provider reads (ignored); did you mean \"{meant}\"?",
+                    quote(k)
+                )
+            })
+        })
+        .take(MAX_WARNINGS)
+        .collect()
+}
 
 pub(super) fn parse_auth(
     attributes: &BTreeMap<String, String>,
@@ -116,6 +154,17 @@ pub(super) fn parse_vault_id(
     }
 }
 
+/// The class-level `compartmentId`, when given: the compartment `tag` and `namePrefix`
+/// entries list, unless they name their own.
+pub(super) fn parse_compartment_id(
+    attributes: &BTreeMap<String, String>,
+) -> Result<Option<String>, ParamError> {
+    match attributes.get(COMPARTMENT_ID).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(id) => check_ocid("parameter \"compartmentId\"", id, "compartment").map(Some),
+    }
+}
+
 /// An OCID a user wrote: at most 255 characters, no surrounding spaces, and (for secret and
 /// vault OCIDs) of the right type, so a typo is named before any call.
 pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
@@ -133,7 +182,9 @@ pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, Par
     };
     // The Go provider sent any vaultId as given; only OCIDs of what it did not read (secret
     // and certificate OCIDs, new) are held to their type.
-    if kind != "vault" && !id.starts_with(prefix) {
+    // A tenancy is its own root compartment.
+    let root = kind == "compartment" && id.starts_with("ocid1.tenancy.");
+    if kind != "vault" && !id.starts_with(prefix) && !root {
         return Err(ParamError::new(format!(
             "{what} {} is not a {kind} OCID: it must start with {prefix}",
             quote(id)

@@ -9,30 +9,52 @@ use csi_grpc::{FilePath, validate_file_set};
 use super::certificate::{certificate_kind, check_certificate};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
 use super::secret::{check_secret, refuse_certificate_fields};
-use super::spec::{CertificateSpec, SecretSpec, TemplateSpec};
+use super::selection::{ClassDefaults, check_selection};
+use super::spec::{CertificateSpec, SecretSpec, SelectionSpec, TemplateSpec};
 use super::template::{check_reads, check_template};
 use super::yaml::RawSecret;
 
+/// The entries of a class, checked, by kind, each in the list's order.
+#[derive(Debug, Default)]
+pub(super) struct Checked {
+    pub(super) secrets: Vec<SecretSpec>,
+    pub(super) certificates: Vec<CertificateSpec>,
+    pub(super) selections: Vec<SelectionSpec>,
+    pub(super) templates: Vec<TemplateSpec>,
+}
+
+impl Checked {
+    /// The files the entries write or read, every kind counted (a selection's are known
+    /// only once its vault is listed).
+    pub(super) fn files(&self) -> usize {
+        let secrets = self.secrets.iter().map(|s| s.files().count());
+        let certificates = self.certificates.iter().map(|c| c.files().count());
+        secrets.chain(certificates).sum::<usize>() + self.templates.len()
+    }
+}
+
 /// Every entry, each checked whatever the others gave; their problems go to `problems` and
-/// the entries without any are answered. `failover`: `None` without `failoverRegion`, else
-/// the class-level `failoverVaultId`.
+/// the entries without any are answered. `class`: the class-level `vaultId` and
+/// `compartmentId`; `failover`: `None` without `failoverRegion`, else the class-level
+/// `failoverVaultId`.
 pub(super) fn check_secrets(
     raw: Vec<RawSecret>,
-    class_vault: Option<&str>,
+    class: ClassDefaults<'_>,
     failover: Option<Option<&str>>,
     problems: &mut Problems,
-) -> Entries {
-    let mut entries = Entries::default();
+) -> Checked {
     if raw.is_empty() {
         problems.note(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: requested secrets are missed: parameter \"secrets\" is an empty list"
         )));
-        return entries;
+        return Checked::default();
     }
     let mut specs = Vec::with_capacity(raw.len());
     let mut certificates = Vec::new();
+    let mut selections = Vec::new();
     let mut templates = Vec::new();
     let mut files = FileNames::default();
+
     for (index, item) in raw.into_iter().enumerate() {
         if item.template.is_some() {
             if let Some(spec) = check_template(index, &item, problems) {
@@ -50,8 +72,12 @@ pub(super) fn check_secrets(
             }
             continue;
         }
+        if item.selects() {
+            selections.extend(check_selection(index, &item, class, problems));
+            continue;
+        }
         problems.take(refuse_certificate_fields(index, &item));
-        let Some(spec) = check_secret(index, &item, class_vault, failover, problems) else {
+        let Some(spec) = check_secret(index, &item, class.vault, failover, problems) else {
             continue;
         };
         claim_secret_files(&spec, &item, index, &mut files, problems);
@@ -84,14 +110,16 @@ pub(super) fn check_secrets(
             ))
         }));
     }
-    entries.secrets = specs;
-    entries.certificates = certificates;
-    entries.templates = templates;
-    entries
+    Checked {
+        secrets: specs,
+        certificates,
+        selections,
+        templates,
+    }
 }
 
-/// Claims the files of a secret entry: each key's, and the whole secret's (a duplicate is
-/// named after the field it comes from: `fileName` or the secret's name).
+/// Claims the files of a secret entry: each key's, the whole secret's (a duplicate is
+/// named after the field it comes from: `fileName` or the secret's name), each version's.
 fn claim_secret_files(
     spec: &SecretSpec,
     item: &RawSecret,
@@ -114,29 +142,8 @@ fn claim_secret_files(
         };
         problems.take(files.claim(&spec.path, index, None, what));
     }
-}
-
-/// The entries of a class, by kind, in the list's order.
-#[derive(Default)]
-pub(super) struct Entries {
-    pub(super) secrets: Vec<SecretSpec>,
-    pub(super) certificates: Vec<CertificateSpec>,
-    pub(super) templates: Vec<TemplateSpec>,
-}
-
-impl Entries {
-    /// The files the mount writes or reads, every kind counted.
-    pub(super) fn files(&self) -> usize {
-        self.secrets
-            .iter()
-            .map(|s| s.files().count())
-            .sum::<usize>()
-            + self
-                .certificates
-                .iter()
-                .map(|c| c.files().count())
-                .sum::<usize>()
-            + self.templates.len()
+    for path in &spec.history {
+        problems.take(files.claim(path, index, None, "duplicated file name"));
     }
 }
 

@@ -101,6 +101,25 @@ pub(super) fn parse_mode(
         })
 }
 
+/// A count from 1 to `max` (`versions`), written as an integer or a quoted integer.
+pub(super) fn parse_count(field: &str, raw: &RawVersion, max: usize) -> Result<usize, ParamError> {
+    let shown = match raw {
+        RawVersion::Integer(n) => n.to_string(),
+        RawVersion::Text(t) => quote(t).to_string(),
+        RawVersion::Other(o) => o.clone(),
+    };
+    let value = match raw {
+        RawVersion::Integer(n) => usize::try_from(*n).ok(),
+        RawVersion::Text(t) if t.bytes().all(|b| b.is_ascii_digit()) => t.parse().ok(),
+        _ => None,
+    };
+    value.filter(|n| (1..=max).contains(n)).ok_or_else(|| {
+        ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: {field} {shown} must be a whole number from 1 to {max}"
+        ))
+    })
+}
+
 fn parse_version_number(index: usize, raw: &RawVersion) -> Result<Option<u64>, ParamError> {
     let bad = |shown: &str| {
         ParamError::new(format!(

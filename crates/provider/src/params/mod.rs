@@ -13,6 +13,7 @@ mod entries;
 mod fields;
 mod problems;
 mod secret;
+mod selection;
 mod spec;
 mod template;
 mod yaml;
@@ -20,20 +21,56 @@ mod yaml;
 pub(crate) use spec::PARSE_BYTES_PER_BYTE;
 pub use spec::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MountParameters, ParseLimits, SecretSource, SecretSpec, Stage, TemplateSpec,
-    VersionSelector,
+    Encoding, MAX_VERSIONS, MountParameters, ParseLimits, SecretSource, SecretSpec, SelectionSpec,
+    Stage, TemplateSpec, VersionSelector,
 };
 use spec::{FAILOVER_REGION, FAILOVER_VAULT_ID, REGION};
 
 use bounded::quote;
-use class::{check_ocid, parse_auth, parse_region, parse_vault_id};
+use class::{check_ocid, parse_auth, parse_compartment_id, parse_region, parse_vault_id};
 use entries::check_secrets;
 pub use problems::{MAX_PROBLEMS, ParamError};
 use problems::{Problems, RETRIEVE_PREFIX};
+use selection::ClassDefaults;
 pub use yaml::MAX_SECRETS_BYTES;
 use yaml::parse_secrets_yaml;
 
+/// The class's `failoverVaultId` (`None` when the parameter is itself a problem), and
+/// whether it and `failoverRegion` go together with `region`.
+fn check_failover(
+    attributes: &BTreeMap<String, String>,
+    region: &Option<Option<String>>,
+    failover_region: &Option<Option<String>>,
+    problems: &mut Problems,
+) -> Option<Option<String>> {
+    let failover_vault = problems.take(match attributes.get(FAILOVER_VAULT_ID) {
+        None => Ok(None),
+        Some(id) if id.is_empty() => Ok(None),
+        Some(id) => check_ocid("parameter \"failoverVaultId\"", id, "vault").map(Some),
+    });
+    if let (Some(Some(_)), Some(None)) = (&failover_vault, failover_region) {
+        problems.note(ParamError::new(
+            "parameter \"failoverVaultId\" needs \"failoverRegion\", the region of that vault",
+        ));
+    }
+    if let (Some(Some(primary)), Some(Some(failover))) = (region, failover_region)
+        && primary == failover
+    {
+        problems.note(ParamError::new(format!(
+            "parameter \"failoverRegion\" {} is the primary region: name another",
+            quote(failover)
+        )));
+    }
+    failover_vault
+}
+
 impl MountParameters {
+    /// Warnings about the class, never fatal: each attribute that looks like a misspelt
+    /// parameter (`vaultid`, `regoin`), with the parameter meant.
+    pub fn warnings(attributes: &BTreeMap<String, String>) -> Vec<String> {
+        class::misspelt_parameters(attributes)
+    }
+
     /// Validates the parameters of a mount. `pod` is needed where the identity depends on
     /// it (user and workload principals). At most [`DEFAULT_MAX_SECRETS`] entries.
     pub fn parse(attributes: &BTreeMap<String, String>, pod: &Pod) -> Result<Self, ParamError> {
@@ -71,26 +108,10 @@ impl MountParameters {
         let raw = problems.take(parse_secrets_yaml(attributes, limits));
         let auth = problems.take(parse_auth(attributes, pod));
         let vault_id = problems.take(parse_vault_id(attributes));
+        let compartment = problems.take(parse_compartment_id(attributes));
         let region = problems.take(parse_region(attributes, REGION));
         let failover_region = problems.take(parse_region(attributes, FAILOVER_REGION));
-        let failover_vault = problems.take(match attributes.get(FAILOVER_VAULT_ID) {
-            None => Ok(None),
-            Some(id) if id.is_empty() => Ok(None),
-            Some(id) => check_ocid("parameter \"failoverVaultId\"", id, "vault").map(Some),
-        });
-        if let (Some(Some(_)), Some(None)) = (&failover_vault, &failover_region) {
-            problems.note(ParamError::new(
-                "parameter \"failoverVaultId\" needs \"failoverRegion\", the region of that vault",
-            ));
-        }
-        if let (Some(Some(primary)), Some(Some(failover))) = (&region, &failover_region)
-            && primary == failover
-        {
-            problems.note(ParamError::new(format!(
-                "parameter \"failoverRegion\" {} is the primary region: name another",
-                quote(failover)
-            )));
-        }
+        let failover_vault = check_failover(attributes, &region, &failover_region, &mut problems);
         // A class vault that is itself a problem stands as an empty vault, so that its
         // entries are not also reported as naming none (the mount fails either way).
         let class_vault = match &vault_id {
@@ -102,18 +123,23 @@ impl MountParameters {
             Some(Some(_)) => Some(failover_vault.as_deref()),
             _ => None,
         };
-        let checked = raw.map(|raw| check_secrets(raw, class_vault, failover, &mut problems));
-        if let Some(entries) = &checked {
-            let files = entries.files();
-            if files > limits.max_files {
-                problems.note(too_many_files(files, limits.max_files));
-            }
+        let class = ClassDefaults {
+            vault: class_vault,
+            // A class compartment that is itself a problem stands as an empty one.
+            compartment: compartment.as_ref().map_or(Some(""), Option::as_deref),
+        };
+        let checked = raw.map(|raw| check_secrets(raw, class, failover, &mut problems));
+        if let Some(files) = checked.as_ref().map(entries::Checked::files)
+            && files > limits.max_files
+        {
+            problems.note(too_many_files(files, limits.max_files));
         }
         problems.finish()?;
         let (
-            Some(entries::Entries {
+            Some(entries::Checked {
                 secrets,
                 certificates,
+                selections,
                 templates,
             }),
             Some(auth),
@@ -129,6 +155,7 @@ impl MountParameters {
         Ok(Self {
             secrets,
             certificates,
+            selections,
             templates,
             vault_id,
             auth,
@@ -149,7 +176,8 @@ fn too_many_files(files: usize, max: usize) -> ParamError {
 #[cfg(test)]
 mod tests {
     use super::certificate::takes;
-    use super::yaml::RawSecret;
+    use super::selection::SELECTION_TAKES;
+    use super::yaml::{Applies, EntryKind, RawSecret};
     use super::*;
 
     /// An entry with every field `RawSecret` has.
@@ -157,7 +185,23 @@ mod tests {
         versionNumber: 1\nversionName: x\nfileName: f\nmode: \"0600\"\nencoding: base64\n\
         keys: [{key: k}]\nformat: json\nfailoverVaultId: w\ncertificateId: c\n\
         certificateAuthorityId: a\ncaBundleId: b\nprivateKey: true\ndirectory: d\n\
-        certFileName: t\nchainFileName: h\nkeyFileName: y\ntemplate: z\nwriteFile: false\n";
+        certFileName: t\nchainFileName: h\nkeyFileName: y\nversions: 2\ntag: a=b\n\
+        namePrefix: p\ncompartmentId: o\ntemplate: z\nwriteFile: false\n";
+
+    /// "`kind` entries take a, b and c", from the table.
+    fn listed(kind: &str, given: &[(&str, Applies)], to: EntryKind, leave: &[&str]) -> String {
+        let accepted: Vec<&str> = given
+            .iter()
+            .filter(|(field, applies)| applies.to(to) && !leave.contains(field))
+            .map(|(field, _)| *field)
+            .collect();
+        let (last, rest) = accepted.split_last().unwrap();
+        if rest.is_empty() {
+            format!("{kind} entries take {last}")
+        } else {
+            format!("{kind} entries take {} and {last}", rest.join(", "))
+        }
+    }
 
     /// The one table of which field applies to which entry is complete, and what the
     /// messages say each certificate kind takes is what the table lets through.
@@ -166,39 +210,33 @@ mod tests {
         let raw: RawSecret =
             bounded::yaml::from_str(EVERY_FIELD, &bounded::ParseBudget::new(4096)).unwrap();
         let given = raw.given();
-        assert_eq!(given.len(), 22, "every field of RawSecret is in the table");
+        assert_eq!(given.len(), 26, "every field of RawSecret is in the table");
+        let names: Vec<&str> = given.iter().map(|(field, _)| *field).collect();
+        assert_eq!(
+            names,
+            yaml::ENTRY_FIELDS,
+            "the fields an unknown one is matched against"
+        );
         let ids = ["certificateId", "certificateAuthorityId", "caBundleId"];
-        let template: Vec<&str> = given
-            .iter()
-            .filter(|(_, applies)| applies.to_template())
-            .map(|(field, _)| *field)
-            .collect();
-        assert_eq!(template, ["fileName", "mode", "template"]);
         for kind in [
             CertificateKind::Certificate,
             CertificateKind::CertificateAuthority,
             CertificateKind::CaBundle,
         ] {
-            let accepted: Vec<&str> = given
-                .iter()
-                .filter(|(field, applies)| applies.to(Some(kind)) && !ids.contains(field))
-                .map(|(field, _)| *field)
-                .collect();
-            let (last, rest) = accepted.split_last().unwrap();
-            let listed = if rest.is_empty() {
-                (*last).to_owned()
-            } else {
-                format!("{} and {last}", rest.join(", "))
-            };
+            let to = EntryKind::Certificate(kind);
             assert_eq!(
                 takes(kind),
-                format!("{} entries take {listed}", kind.field()),
+                listed(kind.field(), &given, to, &ids),
                 "{kind:?}"
             );
         }
+        assert_eq!(
+            SELECTION_TAKES,
+            listed("tag and namePrefix", &given, EntryKind::Selection, &[])
+        );
         let secret: Vec<&str> = given
             .iter()
-            .filter(|(_, applies)| applies.to(None))
+            .filter(|(_, applies)| applies.to(EntryKind::Secret))
             .map(|(field, _)| *field)
             .collect();
         assert_eq!(
@@ -210,6 +248,7 @@ mod tests {
                 "fileName",
                 "encoding",
                 "keys",
+                "versions",
                 "format",
                 "failoverVaultId",
                 "stage",
@@ -219,5 +258,11 @@ mod tests {
                 "writeFile"
             ]
         );
+        let template: Vec<&str> = given
+            .iter()
+            .filter(|(_, applies)| applies.to(EntryKind::Template))
+            .map(|(field, _)| *field)
+            .collect();
+        assert_eq!(template, ["fileName", "mode", "template"]);
     }
 }

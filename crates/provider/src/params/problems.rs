@@ -137,6 +137,41 @@ impl Problems {
     }
 }
 
+/// The name among `known` nearest to `word` when it is close enough to be a slip (a case
+/// difference, or at most one edit per three characters): `vaultid` → `vaultId`,
+/// `encodng` → `encoding`.
+pub(super) fn nearest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    let word = word.to_ascii_lowercase();
+    known
+        .iter()
+        .map(|k| (edits(&word, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, k)| *d <= (k.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), by characters; words past
+/// 64 characters are no slip of any name here.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len() > 64 || b.len() > 64 {
+        return usize::MAX;
+    }
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +198,24 @@ mod tests {
         );
         assert!(shown.ends_with("; and 93 more (the provider's `check` command lists every one)"));
         assert!(!shown.contains("(9)"), "{shown}");
+    }
+
+    #[test]
+    fn a_slip_of_a_name_finds_the_name_and_anything_else_finds_none() {
+        let known = [
+            "vaultId",
+            "region",
+            "encoding",
+            "failoverRegion",
+            "authType",
+        ];
+        assert_eq!(nearest("vaultid", &known), Some("vaultId"));
+        assert_eq!(nearest("regoin", &known), Some("region"));
+        assert_eq!(nearest("encodng", &known), Some("encoding"));
+        assert_eq!(nearest("failoverregion", &known), Some("failoverRegion"));
+        assert_eq!(nearest("authtype", &known), Some("authType"));
+        assert_eq!(nearest("csi.storage.k8s.io/pod.name", &known), None);
+        assert_eq!(nearest("color", &known), None);
+        assert_eq!(nearest(&"x".repeat(10_000), &known), None);
     }
 }

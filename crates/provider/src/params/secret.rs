@@ -5,18 +5,18 @@ use bounded::quote;
 use csi_grpc::FilePath;
 
 use super::class::check_ocid;
-use super::fields::{parse_mode, parse_selector};
+use super::fields::{parse_count, parse_mode, parse_selector};
 use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
-use super::spec::{Encoding, MAX_OCI_PARAMETER_LEN, SecretSource, SecretSpec};
-use super::yaml::{RawKey, RawSecret};
+use super::spec::{Encoding, MAX_OCI_PARAMETER_LEN, MAX_VERSIONS, SecretSource, SecretSpec};
+use super::yaml::{EntryKind, RawKey, RawSecret};
 use crate::extract::{Format, KeySpec};
 
-/// A secret entry with a field that only certificate entries take.
+/// A secret entry with a field that only other kinds of entry take.
 pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
-    match item.misplaced(None) {
+    match item.misplaced(EntryKind::Secret) {
         Some(field) => Err(ParamError::new(format!(
-            "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to certificate entries only \
-             (certificateId, certificateAuthorityId, caBundleId)"
+            "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to {}",
+            item.kinds_of(field)
         ))),
         None => Ok(()),
     }
@@ -52,8 +52,11 @@ pub(super) fn check_secret(
         .and_then(|source| problems.take(secret_failover(index, item, failover, source)));
     let mode = problems.take(parse_mode(index, item.mode.as_ref()));
     let encoding = problems.take(parse_encoding(index, item.encoding.as_deref()));
-    let (source, selector, (field, path), (keys, format), failover, mode, encoding) = (
-        source?, selector?, path?, keys?, failover?, mode?, encoding?,
+    let history = path
+        .as_ref()
+        .and_then(|(_, path)| problems.take(secret_history(index, item, path)));
+    let (source, selector, (field, path), (keys, format), failover, mode, encoding, history) = (
+        source?, selector?, path?, keys?, failover?, mode?, encoding?, history?,
     );
     Some(SecretSpec {
         index,
@@ -63,12 +66,51 @@ pub(super) fn check_secret(
         path,
         mode,
         encoding,
-        // With keys, the whole secret is written too only where the entry names its file.
-        whole: keys.is_empty() || field == "fileName",
+        // With keys, the whole secret is written too only where the entry names its file;
+        // with versions, each version is.
+        whole: history.is_empty() && (keys.is_empty() || field == "fileName"),
         keys,
         format,
+        history,
         write: item.write_file.unwrap_or(true),
     })
+}
+
+/// `versions: N`: the files `path/0` (current) to `path/N-1`, N from 1 to
+/// [`MAX_VERSIONS`], counting back from the current version (so with no other selector)
+/// and each written whole (so without keys).
+fn secret_history(
+    index: usize,
+    item: &RawSecret,
+    path: &FilePath,
+) -> Result<Vec<FilePath>, ParamError> {
+    let Some(raw) = &item.versions else {
+        return Ok(Vec::new());
+    };
+    let field = format!("secrets[{index}].versions");
+    let count = parse_count(&field, raw, MAX_VERSIONS)?;
+    let selector = [
+        ("stage", item.stage.is_some()),
+        ("versionNumber", item.version_number.is_some()),
+        ("versionName", item.version_name.is_some()),
+        ("keys", item.keys.is_some()),
+    ];
+    if let Some((other, _)) = selector.iter().find(|(_, given)| *given) {
+        return Err(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: {field} counts back from the CURRENT version and writes each \
+             version whole, to {path}/0, {path}/1, ...: it does not combine with \
+             secrets[{index}].{other}"
+        )));
+    }
+    (0..count)
+        .map(|k| {
+            FilePath::new(format!("{path}/{k}")).map_err(|e| {
+                ParamError::new(format!(
+                    "{RETRIEVE_PREFIX}: invalid file name: {field}: {e}"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// `name` (in the entry's, else the class's, `vaultId`) or `secretId`: exactly one.
@@ -274,7 +316,7 @@ fn check_key(index: usize, k: usize, raw: &RawKey) -> Result<KeySpec, ParamError
     })
 }
 
-fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamError> {
+pub(super) fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamError> {
     match raw.map(str::trim) {
         None | Some("") => Ok(Encoding::Utf8),
         Some(e) if e.eq_ignore_ascii_case("utf-8") || e.eq_ignore_ascii_case("utf8") => {

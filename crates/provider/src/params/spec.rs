@@ -16,6 +16,7 @@ pub(super) const VAULT_ID: &str = "vaultId";
 pub(super) const REGION: &str = "region";
 pub(super) const FAILOVER_REGION: &str = "failoverRegion";
 pub(super) const FAILOVER_VAULT_ID: &str = "failoverVaultId";
+pub(super) const COMPARTMENT_ID: &str = "compartmentId";
 
 /// Longest secret name and vault OCID the Secrets API accepts (spec 2.2).
 pub(super) const MAX_OCI_PARAMETER_LEN: usize = 255;
@@ -33,6 +34,9 @@ pub const DEFAULT_MAX_SECRETS: usize = 256;
 /// Files a mount may write unless configured otherwise (`server.max_files_per_mount`):
 /// entries, `keys` items and certificate files together.
 pub const DEFAULT_MAX_FILES: usize = 256;
+
+/// The most versions one entry's `versions` asks for.
+pub const MAX_VERSIONS: usize = 10;
 
 /// How much of a `secrets` list is parsed at most.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,15 +136,18 @@ pub struct SecretSpec {
     pub keys: Vec<KeySpec>,
     /// The parser for `keys` (`format`); `None`: JSON, then YAML.
     pub format: Option<Format>,
-    /// Whether the whole secret is written to `path`: always without `keys`, and with
-    /// them only when the entry sets its own `fileName`.
+    /// Whether the whole secret is written to `path`: without `keys` and `versions`, and
+    /// with keys only when the entry sets its own `fileName`.
     pub whole: bool,
-    /// Where this entry is read in the failover region: the same OCID, or the name in the
-    /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
-    pub failover: Option<SecretSource>,
+    /// `versions: N`: the files `path/0` (the current version), `path/1` (the one before
+    /// it), ... `path/N-1`; empty without `versions`.
+    pub history: Vec<FilePath>,
     /// Whether its files are written (`writeFile`, default true); `false`: read by the
     /// class's templates only.
     pub write: bool,
+    /// Where this entry is read in the failover region: the same OCID, or the name in the
+    /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
+    pub failover: Option<SecretSource>,
 }
 
 impl SecretSpec {
@@ -150,6 +157,54 @@ impl SecretSpec {
             .then_some(&self.path)
             .into_iter()
             .chain(self.keys.iter().map(|k| &k.path))
+            .chain(&self.history)
+    }
+}
+
+/// One `tag` / `namePrefix` entry: every `ACTIVE` secret of a vault it selects, listed at
+/// mount time (the Vault API's ListSecrets), each read as a `name` entry and written whole
+/// to `directory/<its name>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectionSpec {
+    /// Its position in the `secrets` list.
+    pub index: usize,
+    /// The vault listed: the entry's `vaultId`, else the class's.
+    pub vault_id: String,
+    /// The compartment listed (ListSecrets needs it): the entry's, else the class's.
+    pub compartment_id: String,
+    /// `tag` and `namePrefix`: both hold when both are given.
+    pub filter: vault::SecretFilter,
+    /// `directory`, where the files go (`None`: the top of the mount).
+    pub directory: Option<String>,
+    /// The files' mode (`mode`); `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+    /// How the contents are encoded (`encoding`).
+    pub encoding: Encoding,
+}
+
+impl SelectionSpec {
+    /// What the entry selects, as messages and `check` say it (tenant values quoted).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(tag) = &self.filter.tag {
+            let written = match &tag.value {
+                Some(value) => format!("{}={value}", tag.key),
+                None => tag.key.clone(),
+            };
+            parts.push(format!("tag {}", bounded::quote(&written)));
+        }
+        if let Some(prefix) = &self.filter.name_prefix {
+            parts.push(format!("namePrefix {}", bounded::quote(prefix)));
+        }
+        parts.join(" and ")
+    }
+
+    /// The file of a selected secret named `name`: `directory/name`.
+    pub fn path_of(&self, name: &str) -> Result<FilePath, csi_grpc::PathError> {
+        match &self.directory {
+            Some(directory) => FilePath::new(format!("{directory}/{name}")),
+            None => FilePath::new(name),
+        }
     }
 }
 
@@ -294,6 +349,8 @@ pub struct MountParameters {
     pub secrets: Vec<SecretSpec>,
     /// The certificate entries, in request order.
     pub certificates: Vec<CertificateSpec>,
+    /// The `tag` / `namePrefix` entries, in request order.
+    pub selections: Vec<SelectionSpec>,
     /// The template entries, in request order.
     pub templates: Vec<TemplateSpec>,
     /// The class-level `vaultId`, if given (each `name` entry has its vault in its

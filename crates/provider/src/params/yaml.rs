@@ -9,8 +9,8 @@ use serde::de::{self, Deserializer, Visitor};
 
 use bounded::{BoundedString, ParseBudget};
 
-use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX};
-use super::spec::{CertificateKind, ParseLimits, SECRETS};
+use super::problems::{HANDLE_PREFIX, ParamError, RETRIEVE_PREFIX, UNMARSHAL_PREFIX, nearest};
+use super::spec::{CertificateKind, MAX_VERSIONS, ParseLimits, SECRETS};
 
 /// The largest `secrets` parameter parsed: 256 entries of 1 KiB each. Its aliases may
 /// expand it to twice its size at most, never past this.
@@ -211,6 +211,12 @@ pub(super) struct RawSecret {
     pub(super) chain_file_name: Option<Field>,
     #[serde(rename = "keyFileName")]
     pub(super) key_file_name: Option<Field>,
+    pub(super) versions: Option<RawVersion>,
+    pub(super) tag: Option<Field>,
+    #[serde(rename = "namePrefix")]
+    pub(super) name_prefix: Option<Field>,
+    #[serde(rename = "compartmentId")]
+    pub(super) compartment_id: Option<Field>,
     pub(super) template: Option<TemplateText>,
     #[serde(rename = "writeFile")]
     pub(super) write_file: Option<bool>,
@@ -275,11 +281,73 @@ pub(super) fn parse_secrets_yaml(
             "{UNMARSHAL_PREFIX}: the list was refused: {e} (anchors and aliases may repeat a \
              value, not multiply the list)"
         )),
-        e => ParamError::new(format!(
-            "{UNMARSHAL_PREFIX}: expected a YAML list of {{name, stage, versionNumber, fileName}}: {}",
-            e.detail()
-        )),
+        e => ParamError::new(match unknown_field(&e) {
+            Some(unknown) => format!("{UNMARSHAL_PREFIX}: {unknown}"),
+            None => format!(
+                "{UNMARSHAL_PREFIX}: expected a YAML list of entries (name, secretId, \
+                 certificateId, template, ...): {}",
+                e.detail()
+            ),
+        }),
     })
+}
+
+/// Every field an entry of the list may have (the field table's, [`RawSecret::given`]).
+pub(super) const ENTRY_FIELDS: [&str; 26] = [
+    "name",
+    "secretId",
+    "vaultId",
+    "fileName",
+    "encoding",
+    "keys",
+    "versions",
+    "tag",
+    "namePrefix",
+    "compartmentId",
+    "format",
+    "failoverVaultId",
+    "stage",
+    "versionNumber",
+    "versionName",
+    "privateKey",
+    "directory",
+    "certFileName",
+    "chainFileName",
+    "keyFileName",
+    "mode",
+    "template",
+    "writeFile",
+    "certificateId",
+    "certificateAuthorityId",
+    "caBundleId",
+];
+
+/// The fields of a `keys` item.
+const KEY_FIELDS: [&str; 3] = ["key", "fileName", "mode"];
+
+/// An unknown field, said once, where it is and what was meant: "line 3, column 5: unknown
+/// field "encodng" in an entry; did you mean "encoding"?" (`None`: another error).
+fn unknown_field(e: &bounded::ParseError) -> Option<String> {
+    let detail = e.detail();
+    let (_, rest) = detail.split_once("unknown field `")?;
+    let name = rest.split_once('`').map_or(rest, |(name, _)| name);
+    let in_key = rest.contains("expected one of `key`") || rest.contains("expected one of key,");
+    let (known, what): (&[&str], _) = if in_key {
+        (&KEY_FIELDS, "a keys item")
+    } else {
+        (&ENTRY_FIELDS, "an entry")
+    };
+    let at = e.position().map_or_else(String::new, |(line, column)| {
+        format!("line {line}, column {column}: ")
+    });
+    let hint = match nearest(name, known) {
+        Some(meant) => format!("did you mean \"{meant}\"?"),
+        None => format!("{what} takes {}", known.join(", ")),
+    };
+    Some(format!(
+        "{at}unknown field {} in {what}; {hint}",
+        bounded::quote(name)
+    ))
 }
 
 /// A YAML sequence of [`RawSecret`] of at most `max` entries: past it, deserializing stops
@@ -309,10 +377,7 @@ impl<'de> Visitor<'de> for CappedList<'_> {
         while out.len() < self.max {
             match seq.next_element::<RawSecret>()? {
                 Some(entry) => {
-                    // The entry's own file, unless it has keys (which counted themselves as
-                    // they were read, and an entry with keys writes the whole secret only
-                    // with fileName): a lower bound, the exact count follows the checks.
-                    if entry.keys.is_none() && !take_file() {
+                    if !(0..entry.files_at_least()).all(|_| take_file()) {
                         return Err(de::Error::custom(TOO_MANY_FILES));
                     }
                     out.push(entry);
@@ -329,6 +394,16 @@ impl<'de> Visitor<'de> for CappedList<'_> {
     }
 }
 
+/// What an entry is: a secret (`name`, `secretId`), a selection of a vault's secrets
+/// (`tag`, `namePrefix`) or a certificate entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EntryKind {
+    Secret,
+    Selection,
+    Certificate(CertificateKind),
+    Template,
+}
+
 /// The kinds of entry a field applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Applies {
@@ -336,49 +411,48 @@ pub(super) struct Applies {
     certificate: bool,
     certificate_authority: bool,
     ca_bundle: bool,
+    selection: bool,
     template: bool,
 }
 
 impl Applies {
-    const SECRET: Self = Self::new(true, false, false, false, false);
-    const ANY_CERTIFICATE: Self = Self::new(false, true, true, true, false);
-    const VERSIONED: Self = Self::new(true, true, true, false, false);
-    const LEAF: Self = Self::new(false, true, false, false, false);
-    const EVERY: Self = Self::new(true, true, true, true, true);
-    const TEMPLATE: Self = Self::new(false, false, false, false, true);
-    /// Every kind a template reads (not templates themselves).
-    const INPUTS: Self = Self::new(true, true, true, true, false);
+    const SECRET: Self = Self::new(true, [false; 3], false, false);
+    const SELECTION: Self = Self::new(false, [false; 3], true, false);
+    const SECRET_OR_SELECTION: Self = Self::new(true, [false; 3], true, false);
+    const IN_DIRECTORY: Self = Self::new(false, [true; 3], true, false);
+    const ANY_CERTIFICATE: Self = Self::new(false, [true; 3], false, false);
+    const VERSIONED: Self = Self::new(true, [true, true, false], false, false);
+    const LEAF: Self = Self::new(false, [true, false, false], false, false);
+    const EVERY: Self = Self::new(true, [true; 3], true, true);
+    const TEMPLATE: Self = Self::new(false, [false; 3], false, true);
+    /// Every kind a template may read (its files are known when the class is read).
+    const INPUTS: Self = Self::new(true, [true; 3], false, false);
     /// `fileName`: a secret's file, or a template's.
-    const FILE: Self = Self::new(true, false, false, false, true);
+    const FILE: Self = Self::new(true, [false; 3], false, true);
 
-    const fn new(
-        secret: bool,
-        certificate: bool,
-        certificate_authority: bool,
-        ca_bundle: bool,
-        template: bool,
-    ) -> Self {
+    /// `certificates`: certificate, certificate authority, CA bundle.
+    const fn new(secret: bool, certificates: [bool; 3], selection: bool, template: bool) -> Self {
         Self {
             secret,
-            certificate,
-            certificate_authority,
-            ca_bundle,
+            certificate: certificates[0],
+            certificate_authority: certificates[1],
+            ca_bundle: certificates[2],
+            selection,
             template,
         }
     }
 
-    pub(super) fn to(self, kind: Option<CertificateKind>) -> bool {
+    pub(super) fn to(self, kind: EntryKind) -> bool {
         match kind {
-            None => self.secret,
-            Some(CertificateKind::Certificate) => self.certificate,
-            Some(CertificateKind::CertificateAuthority) => self.certificate_authority,
-            Some(CertificateKind::CaBundle) => self.ca_bundle,
+            EntryKind::Secret => self.secret,
+            EntryKind::Selection => self.selection,
+            EntryKind::Template => self.template,
+            EntryKind::Certificate(CertificateKind::Certificate) => self.certificate,
+            EntryKind::Certificate(CertificateKind::CertificateAuthority) => {
+                self.certificate_authority
+            }
+            EntryKind::Certificate(CertificateKind::CaBundle) => self.ca_bundle,
         }
-    }
-
-    /// Whether the field applies to a `template` entry.
-    pub(super) fn to_template(self) -> bool {
-        self.template
     }
 }
 
@@ -392,66 +466,58 @@ impl RawSecret {
             secret_id,
             vault_id,
             stage,
-            version_number,
+            version_number: number,
             version_name,
             file_name,
             mode,
             encoding,
             keys,
             format,
-            failover_vault_id,
+            failover_vault_id: failover,
             certificate_id,
-            certificate_authority_id,
+            certificate_authority_id: ca_id,
             ca_bundle_id,
             private_key,
             directory,
             cert_file_name,
-            chain_file_name,
+            chain_file_name: chain,
             key_file_name,
+            versions,
+            tag,
+            name_prefix,
+            compartment_id: compartment,
             template,
             write_file,
         } = self;
-        let cert_only = |kind| Applies::new(false, kind == 0, kind == 1, kind == 2, false);
+        let cert_only = |kind| Applies::new(false, [kind == 0, kind == 1, kind == 2], false, false);
         let named = |id: &Option<Field>| id.as_deref().is_some_and(|v| !v.is_empty());
         [
             ("name", name.is_some(), Applies::SECRET),
             ("secretId", secret_id.is_some(), Applies::SECRET),
-            ("vaultId", vault_id.is_some(), Applies::SECRET),
+            ("vaultId", vault_id.is_some(), Applies::SECRET_OR_SELECTION),
             ("fileName", file_name.is_some(), Applies::FILE),
-            ("encoding", encoding.is_some(), Applies::SECRET),
+            ("encoding", encoding.is_some(), Applies::SECRET_OR_SELECTION),
             ("keys", keys.is_some(), Applies::SECRET),
+            ("versions", versions.is_some(), Applies::SECRET),
+            ("tag", tag.is_some(), Applies::SELECTION),
+            ("namePrefix", name_prefix.is_some(), Applies::SELECTION),
+            ("compartmentId", compartment.is_some(), Applies::SELECTION),
             ("format", format.is_some(), Applies::SECRET),
-            (
-                "failoverVaultId",
-                failover_vault_id.is_some(),
-                Applies::SECRET,
-            ),
+            ("failoverVaultId", failover.is_some(), Applies::SECRET),
             ("stage", stage.is_some(), Applies::VERSIONED),
-            (
-                "versionNumber",
-                version_number.is_some(),
-                Applies::VERSIONED,
-            ),
+            ("versionNumber", number.is_some(), Applies::VERSIONED),
             ("versionName", version_name.is_some(), Applies::VERSIONED),
             ("privateKey", private_key.is_some(), Applies::LEAF),
-            ("directory", directory.is_some(), Applies::ANY_CERTIFICATE),
+            ("directory", directory.is_some(), Applies::IN_DIRECTORY),
             ("certFileName", cert_file_name.is_some(), Applies::LEAF),
-            (
-                "chainFileName",
-                chain_file_name.is_some(),
-                Applies::ANY_CERTIFICATE,
-            ),
+            ("chainFileName", chain.is_some(), Applies::ANY_CERTIFICATE),
             ("keyFileName", key_file_name.is_some(), Applies::LEAF),
             ("mode", mode.is_some(), Applies::EVERY),
             ("template", template.is_some(), Applies::TEMPLATE),
             ("writeFile", write_file.is_some(), Applies::INPUTS),
             // An empty id names no certificate (the entry is judged as a secret).
             ("certificateId", named(certificate_id), cert_only(0)),
-            (
-                "certificateAuthorityId",
-                named(certificate_authority_id),
-                cert_only(1),
-            ),
+            ("certificateAuthorityId", named(ca_id), cert_only(1)),
             ("caBundleId", named(ca_bundle_id), cert_only(2)),
         ]
         .into_iter()
@@ -460,8 +526,8 @@ impl RawSecret {
         .collect()
     }
 
-    /// The first field given that does not apply to an entry of `kind` (`None`: a secret).
-    pub(super) fn misplaced(&self, kind: Option<CertificateKind>) -> Option<&'static str> {
+    /// The first field given that does not apply to an entry of `kind`.
+    pub(super) fn misplaced(&self, kind: EntryKind) -> Option<&'static str> {
         self.given()
             .into_iter()
             .find(|(_, applies)| !applies.to(kind))
@@ -472,8 +538,55 @@ impl RawSecret {
     pub(super) fn misplaced_in_template(&self) -> Vec<&'static str> {
         self.given()
             .into_iter()
-            .filter(|(_, applies)| !applies.to_template())
+            .filter(|(_, applies)| !applies.to(EntryKind::Template))
             .map(|(field, _)| field)
             .collect()
+    }
+
+    /// The kinds of entry that take `field`, as a secret entry's message says it.
+    pub(super) fn kinds_of(&self, field: &str) -> &'static str {
+        let applies = self
+            .given()
+            .into_iter()
+            .find(|(f, _)| *f == field)
+            .map(|(_, applies)| applies);
+        match applies {
+            Some(a)
+                if a.selection && !(a.certificate || a.certificate_authority || a.ca_bundle) =>
+            {
+                "tag and namePrefix entries only"
+            }
+            Some(a) if a.selection => {
+                "certificate entries (certificateId, certificateAuthorityId, caBundleId) and tag \
+                 and namePrefix entries only"
+            }
+            _ => "certificate entries only (certificateId, certificateAuthorityId, caBundleId)",
+        }
+    }
+
+    /// Whether the entry selects secrets by `tag` or `namePrefix` (a certificate OCID
+    /// makes it a certificate entry first).
+    pub(super) fn selects(&self) -> bool {
+        self.tag.is_some() || self.name_prefix.is_some()
+    }
+
+    /// The files the entry writes at least, counted as the list is read: its own file, or
+    /// each version it asks for; none for `keys` (counted as they are read; with them the
+    /// whole secret is written only with fileName) or a selection (counted as its listing
+    /// is read, at mount time). The exact count follows the checks.
+    fn files_at_least(&self) -> usize {
+        if self.template.is_some() {
+            return 1;
+        }
+        if self.keys.is_some() || self.selects() {
+            return 0;
+        }
+        match &self.versions {
+            Some(RawVersion::Integer(n)) => usize::try_from(*n)
+                .ok()
+                .filter(|n| (1..=MAX_VERSIONS).contains(n))
+                .unwrap_or(1),
+            _ => 1,
+        }
     }
 }

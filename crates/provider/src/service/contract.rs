@@ -103,6 +103,95 @@ where
     type SecretsFuture = V::Future;
 }
 
+/// What the mount service needs of a listing's answer: the listing, and whether it came
+/// from the cache. A bare `vault::Listing` was listed; `cache::Cached` says.
+pub trait ListingResponse: crate::budget::Weigh + Send + 'static {
+    /// The listing and how it was obtained.
+    fn into_parts(self) -> (vault::Listing, cache::Lookup);
+}
+
+impl ListingResponse for vault::Listing {
+    fn into_parts(self) -> (vault::Listing, cache::Lookup) {
+        (self, cache::Lookup::Fetched)
+    }
+}
+
+impl ListingResponse for cache::Cached<vault::Listing> {
+    fn into_parts(self) -> (vault::Listing, cache::Lookup) {
+        (self.value, self.lookup)
+    }
+}
+
+/// What the mount service needs of the listing service (the versions of a secret, the
+/// secrets of a vault): a listing within the mount's byte bounds ([`crate::BudgetLayer`]
+/// over the cache over `vault::Lister`), held in the budget. Every such service
+/// implements it; [`NoListings`] refuses every listing.
+pub trait ListingService:
+    Service<
+        Metered<vault::ListRequest>,
+        Response = Held<<Self as ListingService>::Answer>,
+        Error = Refused<vault::VaultError>,
+        Future = <Self as ListingService>::ListingFuture,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The listing (and how it was looked up).
+    type Answer: ListingResponse;
+    /// The service's future.
+    type ListingFuture: Future<Output = Result<Held<Self::Answer>, Refused<vault::VaultError>>>
+        + Send
+        + 'static;
+}
+
+impl<L, A> ListingService for L
+where
+    L: Service<Metered<vault::ListRequest>, Response = Held<A>, Error = Refused<vault::VaultError>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    L::Future: Send + 'static,
+    A: ListingResponse,
+{
+    type Answer = A;
+    type ListingFuture = L::Future;
+}
+
+/// A listing service that refuses every listing: the mount service's default until
+/// [`crate::OciMount::with_listings`] gives it one (`versions`, `tag` and `namePrefix`
+/// entries then fail, naming the missing client). It never answers, so it never claims an
+/// answer went through the byte budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoListings;
+
+impl Service<Metered<vault::ListRequest>> for NoListings {
+    type Response = Held<vault::Listing>;
+    type Error = Refused<vault::VaultError>;
+    type Future = std::future::Ready<Result<Held<vault::Listing>, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, metered: Metered<vault::ListRequest>) -> Self::Future {
+        let request = metered.request();
+        let subject = Box::new(vault::Subject {
+            object: request.describe(),
+            principal: request.session.identity(),
+            grant: vault::Subject::LIST_GRANT,
+        });
+        std::future::ready(Err(Refused::Failed(vault::VaultError::InvalidRequest {
+            subject,
+            reason: "this provider has no listing client configured".into(),
+        })))
+    }
+}
+
 /// What every mount shares: its bounds, the operator's policy (allowed types and regions),
 /// the endpoints, and the runtime handles it reports to (the gate of tenant keys, the
 /// certificate-expiry gauge).

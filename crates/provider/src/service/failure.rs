@@ -5,7 +5,14 @@
 use csi_grpc::{ErrorKind, FilePath, MountError};
 
 use crate::budget::{MountBytes, Refused};
-use crate::params::{MountParameters, SecretSpec};
+use crate::params::MountParameters;
+
+/// A secret that could not be read: its entry, how messages name it, and why.
+pub(super) struct Failure {
+    pub(super) index: usize,
+    pub(super) shown: String,
+    pub(super) error: vault::VaultError,
+}
 
 /// A fetch that did not run within the bounds, or failed (`failed` names it).
 pub(super) fn refused_error(
@@ -131,24 +138,26 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
 /// The longest failure message: it ends up in a pod event, and the driver logs it whole.
 pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
 
-/// The secret entries that failed, as one error: the most actionable status, each entry
-/// with its cause (at most [`MAX_MESSAGE_BYTES`]).
+/// The secrets that failed, as one error: the most actionable status, each with its entry
+/// and cause (at most [`MAX_MESSAGE_BYTES`]); "n of m" counts entries (a version history
+/// or a selection is one, however many of its secrets failed).
 pub(super) fn combine(
     params: &MountParameters,
-    mut failures: Vec<(&SecretSpec, vault::VaultError)>,
+    mut failures: Vec<Failure>,
     abandoned: usize,
     identity: &auth::Identity,
 ) -> MountError {
     // The most actionable failures first, then in request order.
-    failures.sort_by_key(|(spec, e)| (rank(vault_kind(e)), spec.index));
+    failures.sort_by_key(|f| (rank(vault_kind(&f.error)), f.index));
     let kind = failures
         .first()
-        .map(|(_, e)| vault_kind(e))
+        .map(|f| vault_kind(&f.error))
         .unwrap_or(ErrorKind::Internal);
+    let entries: std::collections::BTreeSet<usize> = failures.iter().map(|f| f.index).collect();
     let mut message = format!(
         "unable to retrieve secrets as {identity}: {} of {} failed: ",
-        failures.len(),
-        params.secrets.len(),
+        entries.len(),
+        params.secrets.len() + params.selections.len(),
     );
     let mut tail = String::new();
     if abandoned > 0 {
@@ -157,12 +166,12 @@ pub(super) fn combine(
     // Room for "; ... and N more" and the tail.
     let budget = MAX_MESSAGE_BYTES.saturating_sub(tail.len() + 32);
     let mut listed = 0;
-    for (spec, err) in &failures {
+    for failure in &failures {
         let cause = format!(
             "secrets[{}] {}: {}",
-            spec.index,
-            bounded::quote(spec.source.display()),
-            chain(err)
+            failure.index,
+            bounded::quote(&failure.shown),
+            chain(&failure.error)
         );
         let separator = if listed == 0 { "" } else { "; " };
         if message.len() + separator.len() + cause.len() > budget {

@@ -1,7 +1,7 @@
 //! The mount's entries, every kind at once: one fan-out (`MountContext::fan_out` permits)
-//! over secrets and certificates alike, each through the byte budget, the running total
-//! stopping the mount as soon as it passes its size limit, and the first permanent failure
-//! cancelling the rest.
+//! over secrets, version histories, selections and certificates alike, each fetch through
+//! the byte budget, the running total stopping the mount as soon as it passes its size
+//! limit, and the first permanent failure cancelling the rest.
 
 use bounded::quote;
 use csi_grpc::{FilePath, MountError};
@@ -10,41 +10,58 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
-use super::contract::SecretsService;
+use super::contract::{ListingService, SecretsService};
 use super::entries::{
     EntryFiles, EntryOutcome, EntryVersion, MountRun, certificate_entry, secret_entry,
     secret_requests,
 };
 use super::failure::{combine, too_large};
+use super::history::versions_entry;
+use super::selection::selection_entry;
 use super::targets::Targets;
 use crate::certificates::CertificateService;
-use crate::params::{MountParameters, SecretSpec};
+use crate::params::MountParameters;
 
-/// An entry running: its outcome, and its spec when it is a secret.
-type Running<'a> = BoxFuture<'a, (Option<&'a SecretSpec>, EntryOutcome)>;
+/// An entry running.
+type Running<'a> = BoxFuture<'a, EntryOutcome>;
+
+/// The fetch services of a mount: secrets, certificates, listings.
+pub(super) type Services<'s, V, C, L> = (&'s V, &'s C, &'s L);
 
 /// Every entry of the class, fetched and made into files concurrently; the entries in the
 /// class's order, or the mount's error.
-pub(super) async fn fetch_all<V: SecretsService, C: CertificateService>(
+pub(super) async fn fetch_all<V: SecretsService, C: CertificateService, L: ListingService>(
     run: &MountRun<'_>,
-    services: (&V, &C),
+    services: Services<'_, V, C, L>,
     params: &MountParameters,
     established: &auth::Established,
     targets: &Targets,
 ) -> Result<Vec<EntryFiles>, MountError> {
-    let pending = start(run, services, params, targets);
+    let mut pending = start_secrets(run, services, params, targets);
+    pending.extend(start_certificates(run, services.1, params, targets));
     let mut entries = gather(run, params, established, pending).await?;
     entries.sort_by_key(|entry| entry.index);
     log_shared(established.credential(), &entries);
     Ok(entries)
 }
 
-/// Every entry of the class, started: each waits for a fan-out permit.
-fn start<'a, V: SecretsService, C: CertificateService>(
+/// The files every entry but the selections writes, as the class says.
+pub(super) fn static_files(params: &MountParameters) -> usize {
+    params
+        .secrets
+        .iter()
+        .map(|s| s.files().count())
+        .chain(params.certificates.iter().map(|c| c.files().count()))
+        .sum()
+}
+
+/// Every secret, version history and selection of the class, started: each waits for a
+/// fan-out permit.
+fn start_secrets<'a, V: SecretsService, C, L: ListingService>(
     run: &'a MountRun<'_>,
-    (secrets, certificates): (&V, &C),
+    (secrets, _, listings): Services<'_, V, C, L>,
     params: &'a MountParameters,
-    targets: &Targets,
+    targets: &'a Targets,
 ) -> FuturesUnordered<Running<'a>> {
     let deadline = run.request.deadline;
     let pending: FuturesUnordered<Running<'a>> = FuturesUnordered::new();
@@ -53,20 +70,55 @@ fn start<'a, V: SecretsService, C: CertificateService>(
             "fetch secret",
             entry = spec.index,
             secret = %quote(spec.source.display()),
+            versions = spec.history.len(),
             region = tracing::field::Empty,
             lookup = tracing::field::Empty,
+            listing = tracing::field::Empty,
             oci.request_id = tracing::field::Empty,
             error.kind = tracing::field::Empty,
         );
         let requests = secret_requests(spec, targets, deadline);
-        let secrets = secrets.clone();
+        let services = (secrets.clone(), listings.clone());
         let recorded = span.clone();
         let entry = async move {
-            let outcome = secret_entry(run, secrets, spec, requests, &recorded).await;
-            (Some(spec), outcome)
+            if spec.history.is_empty() {
+                secret_entry(run, services.0, spec, requests, &recorded).await
+            } else {
+                versions_entry(run, services, spec, requests, targets, &recorded).await
+            }
         };
         pending.push(Box::pin(entry.instrument(span)));
     }
+    let room = run.config.max_files.saturating_sub(static_files(params));
+    for spec in &params.selections {
+        let span = tracing::info_span!(
+            "select secrets",
+            entry = spec.index,
+            selection = %spec.describe(),
+            region = tracing::field::Empty,
+            lookup = tracing::field::Empty,
+            listing = tracing::field::Empty,
+            oci.request_id = tracing::field::Empty,
+            error.kind = tracing::field::Empty,
+        );
+        let services = (secrets.clone(), listings.clone());
+        let recorded = span.clone();
+        let entry =
+            async move { selection_entry(run, services, spec, (targets, room), &recorded).await };
+        pending.push(Box::pin(entry.instrument(span)));
+    }
+    pending
+}
+
+/// Every certificate entry of the class, started.
+fn start_certificates<'a, C: CertificateService>(
+    run: &'a MountRun<'_>,
+    certificates: &C,
+    params: &'a MountParameters,
+    targets: &Targets,
+) -> Vec<Running<'a>> {
+    let deadline = run.request.deadline;
+    let mut pending: Vec<Running<'a>> = Vec::new();
     for spec in &params.certificates {
         let span = tracing::info_span!(
             "fetch certificate",
@@ -84,10 +136,8 @@ fn start<'a, V: SecretsService, C: CertificateService>(
         );
         let certificates = certificates.clone();
         let recorded = span.clone();
-        let entry = async move {
-            let outcome = certificate_entry(run, certificates, spec, call, &recorded).await;
-            (None, outcome)
-        };
+        let entry =
+            async move { certificate_entry(run, certificates, spec, call, &recorded).await };
         pending.push(Box::pin(entry.instrument(span)));
     }
     pending
@@ -95,51 +145,46 @@ fn start<'a, V: SecretsService, C: CertificateService>(
 
 /// The entries' outcomes as they arrive: their files, or the mount's error (the secrets
 /// that failed together, or the first that stops the mount).
-async fn gather<'a>(
+async fn gather(
     run: &MountRun<'_>,
-    params: &'a MountParameters,
+    params: &MountParameters,
     established: &auth::Established,
-    mut pending: FuturesUnordered<Running<'a>>,
+    mut pending: FuturesUnordered<Running<'_>>,
 ) -> Result<Vec<EntryFiles>, MountError> {
     let mut entries = Vec::with_capacity(pending.len());
     let mut failures = Vec::new();
     // What the secrets fetched so far took, for the message of a mount past its size.
     let mut fetched: Vec<(usize, FilePath, usize)> = Vec::new();
-    while let Some((secret, outcome)) = pending.next().await {
+    while let Some(outcome) = pending.next().await {
         // Returning or breaking drops `pending`: the entries still running are cancelled.
-        match (outcome, secret) {
-            (EntryOutcome::Files(files), _) => {
-                if let EntryVersion::Secret {
-                    path,
-                    fetched: bytes,
-                    ..
-                } = &files.version
-                {
-                    fetched.push((files.index, path.clone(), *bytes));
+        match outcome {
+            EntryOutcome::Files(files) => {
+                for version in &files.versions {
+                    if let EntryVersion::Secret {
+                        path,
+                        fetched: bytes,
+                        ..
+                    } = version
+                    {
+                        fetched.push((files.index, path.clone(), *bytes));
+                    }
                 }
                 entries.push(files);
             }
-            (EntryOutcome::Failed(err), Some(spec)) => {
+            EntryOutcome::Failed(failure) => {
                 // A permanent failure fails the mount whatever the others give: their
                 // retries stop now.
-                let permanent = !err.is_retryable();
-                failures.push((spec, err));
+                let permanent = !failure.error.is_retryable();
+                failures.push(failure);
                 if permanent {
                     break;
                 }
             }
-            (EntryOutcome::Over(this), spec) => {
-                if let (Some((path, bytes)), Some(spec)) = (this, spec) {
-                    fetched.push((spec.index, path, bytes));
-                }
+            EntryOutcome::Over(this) => {
+                fetched.extend(this);
                 return Err(too_large(&fetched, run.config.max_total_bytes));
             }
-            (EntryOutcome::Stop(err), _) => return Err(err),
-            (EntryOutcome::Failed(_), None) => {
-                return Err(MountError::internal(
-                    "internal error: a certificate entry failed as a secret",
-                ));
-            }
+            EntryOutcome::Stop(err) => return Err(err),
         }
     }
     let abandoned = pending.len();
@@ -159,23 +204,28 @@ async fn gather<'a>(
 /// mount's fetch) never reached OCI, so the provider's log says which, for whom; the
 /// mount's span counts the reads that did.
 fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
-    let shared: Vec<String> = entries
-        .iter()
-        .filter_map(|entry| match &entry.version {
-            EntryVersion::Secret {
+    let mut reads = 0;
+    let mut shared = Vec::new();
+    for entry in entries {
+        for version in &entry.versions {
+            reads += 1;
+            if let EntryVersion::Secret {
                 secret_id,
                 version,
                 lookup,
                 ..
-            } if lookup.is_shared() => Some(format!(
-                "secrets[{}] {secret_id} version {version} ({})",
-                entry.index,
-                lookup.as_str()
-            )),
-            _ => None,
-        })
-        .collect();
-    tracing::Span::current().record("upstream_calls", entries.len() - shared.len());
+            } = version
+                && lookup.is_shared()
+            {
+                shared.push(format!(
+                    "secrets[{}] {secret_id} version {version} ({})",
+                    entry.index,
+                    lookup.as_str()
+                ));
+            }
+        }
+    }
+    tracing::Span::current().record("upstream_calls", reads - shared.len());
     if shared.is_empty() {
         return;
     }

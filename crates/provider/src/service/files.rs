@@ -14,7 +14,7 @@ use crate::params::{Encoding, SecretSpec};
 /// from the byte budget (in `namespace`'s share) while it runs. The bytes move from the
 /// bundle's zeroizing buffer into the file's; a decoded encoding is written to a new buffer,
 /// the encoded one wiped.
-pub(super) fn secret_files(
+pub(crate) fn secret_files(
     spec: &SecretSpec,
     content: zeroize::Zeroizing<Vec<u8>>,
     mode: FileMode,
@@ -54,7 +54,7 @@ pub(super) fn secret_files(
 
 /// The one check of a mount's size: its files together (secrets, extracted keys,
 /// certificate files) fit in one response to the driver; the error lists the largest.
-pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
+pub(crate) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), MountError> {
     let total: usize = files.iter().map(|f| f.contents.len()).sum();
     if total <= max_total_bytes {
         return Ok(());
@@ -80,6 +80,26 @@ pub(super) fn check_size(files: &[File], max_total_bytes: usize) -> Result<(), M
             }
         ),
     ))
+}
+
+/// With selections, what only the listings told: the files together stay within
+/// `max_files` (each listing was bounded alone) and no selected secret's file is another's.
+pub(super) fn check_selected(files: &[File], max_files: usize) -> Result<(), MountError> {
+    if files.len() > max_files {
+        return Err(MountError::invalid_argument(format!(
+            "unable to retrieve secrets: the mount would write {} files with the secrets its \
+             tag and namePrefix entries select, more than the {max_files} one mount may write \
+             (server.max_files_per_mount); narrow the selections or split them over several \
+             SecretProviderClasses",
+            files.len()
+        )));
+    }
+    csi_grpc::validate_file_set(files.iter().map(|f| &f.path)).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "unable to retrieve secrets: a secret selected by tag or namePrefix would be \
+             written where another entry writes: {e}; give the selection a directory"
+        ))
+    })
 }
 
 /// The object versions of a mount's secret entries, each `(file, secret OCID, version)`.

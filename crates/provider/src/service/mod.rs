@@ -1,8 +1,9 @@
 //! The mount service `csi-grpc` calls: parameters, then the identity, then every entry at
-//! once (`fanout`, one entry by `entries`) to the targets (`targets`), their files
-//! (`files`); a failure says what failed (`failure`). What the service is built over and
-//! shares between mounts is `contract`. Only this module imports the others; they import
-//! `contract` and `failure`, which import none of them.
+//! once (`fanout`; one entry by `entries`, a version history by `history`, a selection by
+//! `selection`) to the targets (`targets`), their files (`files`); a failure says what
+//! failed (`failure`). What the service is built over and shares between mounts is
+//! `contract`. Only this module imports the others; they import `contract` and `failure`,
+//! which import none of them.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,14 +18,21 @@ mod entries;
 mod failure;
 mod fanout;
 mod files;
+mod history;
+mod selection;
 mod targets;
 mod templates;
 
-pub use contract::{BundleResponse, IdentityService, MountContext, SecretsService};
+pub use contract::{
+    BundleResponse, IdentityService, ListingResponse, ListingService, MountContext, NoListings,
+    SecretsService,
+};
 use entries::{EntryFiles, EntryVersion, MountRun};
 use failure::auth_error;
 pub(crate) use failure::{chain, grpc_kind};
-use files::{check_size, object_versions};
+use files::{check_selected, object_versions};
+// `crate::fuzzing` makes a secret's files as a mount does.
+pub(crate) use files::{check_size, secret_files};
 use targets::endpoint_error;
 
 use crate::budget::MountBytes;
@@ -32,27 +40,29 @@ use crate::params::{AuthSpec, MountParameters};
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
 /// fetched concurrently (bounded), all or nothing.
-pub struct OciMount<A, V, C> {
+pub struct OciMount<A, V, C, L = NoListings> {
     auth: A,
     // The fetch services answer `Held`, which only the byte budget's layer makes: every
     // fetch passes through it.
     secrets: V,
     certificates: C,
+    listings: L,
     config: Arc<MountContext>,
 }
 
-impl<A: Clone, V: Clone, C: Clone> Clone for OciMount<A, V, C> {
+impl<A: Clone, V: Clone, C: Clone, L: Clone> Clone for OciMount<A, V, C, L> {
     fn clone(&self) -> Self {
         Self {
             auth: self.auth.clone(),
             secrets: self.secrets.clone(),
             certificates: self.certificates.clone(),
+            listings: self.listings.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<A, V, C> fmt::Debug for OciMount<A, V, C> {
+impl<A, V, C, L> fmt::Debug for OciMount<A, V, C, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OciMount")
             .field("config", &self.config)
@@ -65,21 +75,39 @@ impl<A, V, C> OciMount<A, V, C> {
     /// `auth::Principals`), reading secret entries through `secrets` and certificate
     /// entries through `certificates` (the byte budget's layer over the fetch stacks; a
     /// `NoCertificates` under it refuses certificate entries).
+    /// Without a listing service ([`NoListings`]): `versions`, `tag` and `namePrefix`
+    /// entries fail until [`OciMount::with_listings`] gives it one.
     pub fn new(auth: A, secrets: V, certificates: C, config: MountContext) -> Self {
         Self {
             auth,
             secrets,
             certificates,
+            listings: NoListings,
             config: Arc::new(config),
         }
     }
 }
 
-impl<A, V, C> OciMount<A, V, C>
+impl<A, V, C, L> OciMount<A, V, C, L> {
+    /// The same service making the listings of `versions`, `tag` and `namePrefix` entries
+    /// through `listings` (the byte budget's layer over the listing stack).
+    pub fn with_listings<M>(self, listings: M) -> OciMount<A, V, C, M> {
+        OciMount {
+            auth: self.auth,
+            secrets: self.secrets,
+            certificates: self.certificates,
+            listings,
+            config: self.config,
+        }
+    }
+}
+
+impl<A, V, C, L> OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
     C: crate::certificates::CertificateService,
+    L: ListingService,
 {
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
     fn check_allowed_type(&self, auth_type: crate::params::AuthType) -> Result<(), MountError> {
@@ -111,6 +139,11 @@ where
             attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
             "reading the SecretProviderClass parameters",
         )?;
+        // A misspelt parameter is never fatal (the driver passes attributes of its own), but
+        // the operator reading the log is told what was meant.
+        for warning in MountParameters::warnings(&request.attributes) {
+            tracing::warn!(%warning, "SecretProviderClass parameter");
+        }
         let params = MountParameters::parse_within(
             &request.attributes,
             &request.pod,
@@ -148,7 +181,7 @@ where
         };
         let mut entries = fanout::fetch_all(
             &run,
-            (&self.secrets, &self.certificates),
+            (&self.secrets, &self.certificates, &self.listings),
             &params,
             &established,
             &targets,
@@ -156,28 +189,35 @@ where
         .await?;
         let rendered = templates::render_templates(&run, &params.templates, &mut entries)?;
         entries.extend(rendered);
-        answer(entries, self.config.max_total_bytes)
+        answer(entries, &self.config, !params.selections.is_empty())
     }
 }
 
 /// The mount's answer from its entries: the secrets' files, then the certificates', then
 /// the templates', each in the class's order (an entry read by templates only writes none),
-/// within the size the driver accepts; the reservations are held until the answer is
-/// assembled and handed on.
-fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountResponse, MountError> {
-    let (secrets, others): (Vec<_>, Vec<_>) = entries
-        .into_iter()
-        .partition(|entry| matches!(entry.version, EntryVersion::Secret { .. }));
-    let (certificates, templates): (Vec<_>, Vec<_>) = others
-        .into_iter()
-        .partition(|entry| matches!(entry.version, EntryVersion::Certificate(_)));
+/// within the size the driver accepts (and, with selections, the files it may write); the
+/// reservations are held until the answer is assembled and handed on.
+fn answer(
+    entries: Vec<EntryFiles>,
+    config: &MountContext,
+    selections: bool,
+) -> Result<MountResponse, MountError> {
+    let kind = |entry: &EntryFiles| match entry.versions.first() {
+        Some(EntryVersion::Certificate(_)) => 1,
+        Some(EntryVersion::Template(_)) => 2,
+        _ => 0,
+    };
+    let mut entries = entries;
+    // Stable: each kind keeps the class's order.
+    entries.sort_by_key(|entry| kind(entry));
     let mut secret_versions = Vec::new();
     let mut own_versions = Vec::new();
-    for entry in secrets.iter().chain(&certificates).chain(&templates) {
-        if !entry.write {
-            continue;
-        }
-        match &entry.version {
+    for version in entries
+        .iter()
+        .filter(|entry| entry.write)
+        .flat_map(|entry| &entry.versions)
+    {
+        match version {
             EntryVersion::Secret {
                 path,
                 secret_id,
@@ -193,13 +233,16 @@ fn answer(entries: Vec<EntryFiles>, max_total_bytes: usize) -> Result<MountRespo
     object_versions.extend(own_versions);
     let mut files = Vec::new();
     let mut reservations = Vec::new();
-    for entry in secrets.into_iter().chain(certificates).chain(templates) {
+    for entry in entries {
         if entry.write {
             files.extend(entry.files);
         }
-        reservations.extend(entry.reservation);
+        reservations.extend(entry.reservations);
     }
-    check_size(&files, max_total_bytes)?;
+    if selections {
+        check_selected(&files, config.max_files)?;
+    }
+    check_size(&files, config.max_total_bytes)?;
     drop(reservations);
     Ok(MountResponse {
         files,
@@ -235,11 +278,12 @@ fn identity_request(params: &MountParameters, request: &MountRequest) -> auth::I
     }
 }
 
-impl<A, V, C> Service<MountRequest> for OciMount<A, V, C>
+impl<A, V, C, L> Service<MountRequest> for OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
     C: crate::certificates::CertificateService,
+    L: ListingService,
 {
     type Response = MountResponse;
     type Error = MountError;

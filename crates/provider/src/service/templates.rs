@@ -95,11 +95,11 @@ fn render_one(
             mode: spec.mode.unwrap_or(run.request.file_mode),
             contents: FileContents::new(std::mem::take(&mut *output)),
         }],
-        version: EntryVersion::Template(ObjectVersion {
+        versions: vec![EntryVersion::Template(ObjectVersion {
             id: format!("template:{}", spec.path),
             version: digest(&spec.source, &read),
-        }),
-        reservation: None,
+        })],
+        reservations: Vec::new(),
         write: true,
     })
 }
@@ -125,18 +125,24 @@ fn digest(source: &str, read: &[(String, String)]) -> String {
 }
 
 /// Every file of `entries` as a template input: its bytes moved into a shared buffer (the
-/// file keeps an empty one until [`give_back`]) and its entry's object version.
+/// file keeps an empty one until [`give_back`]) and its entry's object versions (all of
+/// them: a version history's file changes with any).
 fn take_inputs(entries: &mut [EntryFiles]) -> BTreeMap<String, Input> {
     let mut inputs = BTreeMap::new();
     for entry in entries.iter_mut() {
-        let version = match &entry.version {
-            EntryVersion::Secret {
-                secret_id, version, ..
-            } => format!("{secret_id}@{version}"),
-            EntryVersion::Certificate(v) | EntryVersion::Template(v) => {
-                format!("{}@{}", v.id, v.version)
-            }
-        };
+        let versions: Vec<String> = entry
+            .versions
+            .iter()
+            .map(|v| match v {
+                EntryVersion::Secret {
+                    secret_id, version, ..
+                } => format!("{secret_id}@{version}"),
+                EntryVersion::Certificate(v) | EntryVersion::Template(v) => {
+                    format!("{}@{}", v.id, v.version)
+                }
+            })
+            .collect();
+        let version = versions.join(",");
         for file in &mut entry.files {
             let contents = std::mem::replace(&mut file.contents, FileContents::new(Vec::new()));
             inputs.insert(

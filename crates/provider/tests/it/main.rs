@@ -8,6 +8,7 @@ mod fakes;
 mod fanout;
 mod features;
 mod identity;
+mod kinds;
 mod layers;
 mod memory;
 mod params;

@@ -77,10 +77,14 @@ async fn main() -> ExitCode {
         }
     };
     println!("{}", emu.provider_config(&region));
-    eprintln!(
-        "oci-emulator: files in {}; press Ctrl-C to stop",
-        emu.files().dir.display()
-    );
+    // Run by hand (a terminal on standard input), say how to stop it; run by a program
+    // (the demo), that program stops it.
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!(
+            "oci-emulator: files in {}; press Ctrl-C to stop",
+            emu.files().dir.display()
+        );
+    }
     let _ = tokio::signal::ctrl_c().await;
     ExitCode::SUCCESS
 }
