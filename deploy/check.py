@@ -6,13 +6,15 @@ offline (kubernetes-validate).
   Go chart's default values file;
 - renders: defaults; each auth type alone; a digest pin; the Go chart's own default values
   (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
-  (deploy/tests/every-value.yaml); the driver left out — each validated against the
-  Kubernetes schemas of both versions and checked for what it must contain;
+  (deploy/tests/every-value.yaml); workload identity federation by client secret and by
+  the instance principal; the driver left out — each validated against the Kubernetes
+  schemas of both versions and checked for what it must contain;
 - values.schema.json refuses misspelt names and wrong types, the templates refuse a
-  socket directory the driver does not scan and a memory limit nothing fits in;
+  socket directory the driver does not scan, a memory limit nothing fits in, and federation
+  settings the provider could not start with;
 - deploy/provider.yaml is the default rendering without the driver, and
-  deploy/tests/rendered-args.json the provider container's args and env of the default and
-  Go-values renderings (the provider's own tests parse them with its real flag and config
+  deploy/tests/rendered-args.json the provider container's args and env of the default,
+  Go-values and federation renderings (the provider's own tests parse them with its real flag and config
   code); the vendored driver chart matches Chart.lock;
 - the PrometheusRule (provider.monitoring.prometheusRule) holds deploy/prometheus/alerts.yaml
   exactly (the chart's files/alerts.yaml is a generated copy) and is validated against the
@@ -375,6 +377,75 @@ def every_value():
           f"every value: the driver's CSIDriver {csidriver['spec']}")
 
 
+def federation():
+    """Workload identity federation (provider.oci.auth.types.workload.federation): the
+    settings as the provider reads them, the client secret's Secret mounted read-only (or
+    nothing with the instance principal), valid renderings, and every setting that could not
+    work refused naming it. Returns the Basic rendering (its args go in rendered-args.json)."""
+    def values(**f):
+        base = {"enabled": True, "domainUrl": "https://idcs-0123.identity.oraclecloud.com", "audience": "oci-federation",
+                "clientId": "k8s-csi-runtime", "clientSecret": {"name": "oci-federation", "key": "client-secret"}}
+        base.update(f)
+        return {"provider": {"oci": {"auth": {"types": {"workload": {"federation": base}}}}}}
+
+    basic = docs = validated(values(), "federation")
+    container = provider_container(docs)
+    env = env_of(container)
+    want = {
+        "OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM": "federation",
+        "OCI_PROVIDER_AUTH__WORKLOAD_AUDIENCE": "oci-federation",
+        "OCI_WORKLOAD_IDENTITY_DOMAIN_URL": "https://idcs-0123.identity.oraclecloud.com",
+        "OCI_WORKLOAD_IDENTITY_CLIENT_ID": "k8s-csi-runtime",
+        "OCI_WORKLOAD_IDENTITY_REQUESTED_TOKEN_TYPE": "urn:oci:token-type:oci-upst",
+        "OCI_PROVIDER_AUTH__WORKLOAD__FEDERATION__CLIENT_SECRET_FILE": "/etc/oci-federation/client-secret",
+        "OCI_RESOURCE_PRINCIPAL_REGION": "us-ashburn-1",
+    }
+    for name, value in want.items():
+        check(env.get(name) == value, f"federation: {name}={env.get(name)!r}, expected {value!r}")
+    pod = find(docs, "DaemonSet", PROVIDER)["spec"]["template"]["spec"]
+    volume = next((v for v in pod["volumes"] if v["name"] == "federation-client-secret"), None)
+    check(volume == {"name": "federation-client-secret", "secret": {"secretName": "oci-federation", "defaultMode": 0o400,
+                     "items": [{"key": "client-secret", "path": "client-secret"}]}}, f"federation: the secret volume {volume}")
+    mount = next((m for m in container["volumeMounts"] if m["name"] == "federation-client-secret"), None)
+    check(mount == {"name": "federation-client-secret", "mountPath": "/etc/oci-federation", "readOnly": True},
+          f"federation: the secret mount {mount}")
+    # The secret is a file: the provider's RBAC gains nothing for it.
+    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
+          f"federation: RBAC {rbac_rules(docs)}")
+
+    instance = values(clientId="", clientSecret={"name": ""}, useInstancePrincipal=True,
+                      requestedTokenType="urn:oci:token-type:oci-rpst", resourceType="k8sworkload")
+    docs = validated(instance, "federation by the instance principal")
+    env = env_of(provider_container(docs))
+    check(env.get("OCI_WORKLOAD_IDENTITY_USE_INSTANCE_PRINCIPAL_FOR_TOKEN_EXCHANGE") == "true"
+          and env.get("OCI_WORKLOAD_IDENTITY_RESOURCE_TYPE") == "k8sworkload"
+          and "OCI_WORKLOAD_IDENTITY_CLIENT_ID" not in env, f"federation by the instance principal: env {env}")
+    check(all(v["name"] != "federation-client-secret" for v in find(docs, "DaemonSet", PROVIDER)["spec"]["template"]["spec"]["volumes"]),
+          "federation by the instance principal: no secret volume")
+    check("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM" not in env_of(provider_container(render(None))), "defaults: no federation")
+
+    driver_tokens = values()
+    driver_tokens["provider"]["oci"]["auth"]["types"]["workload"]["tokenRequest"] = False
+    driver_tokens["secrets-store-csi-driver"] = {"tokenRequests": [{"audience": "oci-federation"}]}
+    validated(driver_tokens, "federation with the driver's tokens")
+    refused = [
+        (values(domainUrl=""), "needs domainUrl"),
+        (values(audience=""), "needs audience"),
+        (values(clientSecret={"name": ""}), "needs clientId and clientSecret.name"),
+        (values(useInstancePrincipal=True), "leave clientId and clientSecret.name empty"),
+        (values(requestedTokenType="urn:oci:token-type:oci-rpst"), "needs resourceType"),
+        (values(resourceType="k8sworkload"), "resourceType is for oci-rpst only"),
+        (values(domainUrl="https://idcs-0123.identity.oraclecloud.com/oauth2/v1/token"), "domainUrl"),
+        (values(clientSecretName="x"), "clientSecretName"),
+        (dict(driver_tokens, **{"secrets-store-csi-driver": {"tokenRequests": [{"audience": ""}]}}),
+         "is not in secrets-store-csi-driver.tokenRequests"),
+    ]
+    for bad, name in refused:
+        error = render_error(bad)
+        check(error is not None and name in error, f"federation values {bad} must fail naming {name!r}: {error}")
+    return basic
+
+
 def network_policy():
     docs = validated({"provider": {"networkPolicy": {"enabled": True}}}, "network policy")
     policy = find(docs, "NetworkPolicy")
@@ -588,6 +659,7 @@ def main():
     digest_pin()
     go = go_values()
     every_value()
+    federated = federation()
     network_policy()
     monitoring()
     dashboard()
@@ -598,7 +670,7 @@ def main():
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
     generated(CHART_DASHBOARD, DASHBOARD.read_text(), write)
-    renders = {"defaults": defaults, "go-chart-values": go}
+    renders = {"defaults": defaults, "go-chart-values": go, "federation": federated}
     if sync_docs is not None:
         renders["sync-controller-sidecar"] = sync_docs
     generated(ARGS, args_file(renders), write)

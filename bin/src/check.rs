@@ -28,7 +28,8 @@ struct CheckArgs {
     output: String,
     /// The provider's configuration file (its `--config`): classes are checked against
     /// its limits (`server.max_secrets_per_mount`, `server.max_files_per_mount`) and what
-    /// its operator allows (`auth.allowed_types`, `auth.allowed_regions`).
+    /// its operator allows (`auth.allowed_types`, `auth.allowed_regions`), and each
+    /// `authType: workload` class is told what serves it (`[auth.workload]`).
     #[arg(long)]
     config: Option<String>,
 }
@@ -38,13 +39,19 @@ struct Allowed {
     limits: provider::ParseLimits,
     types: Vec<provider::AuthType>,
     regions: Vec<String>,
+    /// What serves `authType: workload` and with which audience, when a configuration
+    /// was given.
+    workload: Option<(String, String)>,
 }
 
 impl Allowed {
     fn load(config: Option<&str>) -> Result<Self, String> {
         let Some(path) = config else {
             let defaults = crate::config::Config::default();
-            return Ok(Self::from(&defaults));
+            return Ok(Self {
+                workload: None,
+                ..Self::from(&defaults)
+            });
         };
         let args = [
             "provider".to_owned(),
@@ -67,6 +74,7 @@ impl From<&crate::config::Config> for Allowed {
             },
             types: c.auth.allowed_types.clone(),
             regions: c.auth.allowed_regions.clone(),
+            workload: Some((c.auth.workload.describe(), c.auth.workload_audience.clone())),
         }
     }
 }
@@ -78,6 +86,8 @@ struct Report {
     namespace: String,
     files: Vec<Value>,
     errors: Vec<String>,
+    /// Who a valid class's mounts are made as, when the configuration says.
+    identity: Option<String>,
     /// Never fatal (a misspelt parameter is ignored, as the driver's own attributes are).
     warnings: Vec<String>,
 }
@@ -122,7 +132,7 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
         let all: Vec<Value> = reports
             .iter()
             .map(|r| {
-                json!({
+                let mut report = json!({
                     "source": r.source,
                     "name": r.name,
                     "namespace": r.namespace,
@@ -130,7 +140,11 @@ pub(crate) fn main(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write) -
                     "files": r.files,
                     "errors": r.errors,
                     "warnings": r.warnings,
-                })
+                });
+                if let Some(identity) = &r.identity {
+                    report["identity"] = json!(identity);
+                }
+                report
             })
             .collect();
         writeln!(
@@ -178,6 +192,9 @@ fn write_text(out: &mut dyn Write, reports: &[Report]) -> std::io::Result<()> {
                 r.name,
                 if written == 1 { "" } else { "s" }
             )?;
+            if let Some(identity) = &r.identity {
+                writeln!(out, "  identity: {identity}")?;
+            }
             for f in &r.files {
                 writeln!(out, "{}", file_line(f))?;
             }
@@ -230,6 +247,7 @@ fn check_text(source: &str, text: &str, args: &CheckArgs, allowed: &Allowed) -> 
         namespace: namespace.to_owned(),
         files: Vec::new(),
         errors: vec![error],
+        identity: None,
     };
     // Manifests are read within a budget like every document: a file of aliases cannot
     // take the checker's memory either.
@@ -283,6 +301,7 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         namespace: namespace.clone(),
         files: Vec::new(),
         errors: Vec::new(),
+        identity: None,
         warnings: Vec::new(),
     };
     if object["kind"].as_str() != Some("SecretProviderClass") {
@@ -311,6 +330,15 @@ fn check_object(source: &str, object: &Value, args: &CheckArgs, allowed: &Allowe
         Ok(params) => {
             r.errors.extend(provider_policy(&params, allowed));
             r.files = files_in_order(&params);
+            if let (provider::AuthType::Workload, Some((mechanism, audience))) =
+                (params.auth.auth_type(), &allowed.workload)
+            {
+                r.identity = Some(format!(
+                    "service account {}/{} through {mechanism}, its token for audience {audience:?}",
+                    pod.namespace.as_deref().unwrap_or(""),
+                    args.service_account
+                ));
+            }
         }
         Err(err) => {
             r.errors.extend(err.problems().iter().cloned());

@@ -153,6 +153,9 @@ pub struct AuthConfig {
     /// Regions a SecretProviderClass may name in `region` / `failoverRegion`; empty: any
     /// region the provider knows in the principal's realm.
     pub allowed_regions: Vec<String>,
+    /// `[auth.workload]`: what serves `authType: workload` (OKE's proxymux, or workload
+    /// identity federation at an identity domain).
+    pub workload: crate::workload::WorkloadConfig,
 }
 
 impl Default for AuthConfig {
@@ -165,6 +168,7 @@ impl Default for AuthConfig {
             key_load_wait_seconds: 10,
             allowed_types: provider::AuthType::ALL.to_vec(),
             allowed_regions: Vec::new(),
+            workload: crate::workload::WorkloadConfig::default(),
         }
     }
 }
@@ -425,7 +429,10 @@ impl Config {
                 "region {region:?}: region can not be empty or have spaces"
             )));
         }
-        Ok(())
+        self.auth
+            .workload
+            .validate(self.region.as_deref(), &self.auth.workload_audience)
+            .map_err(ConfigError)
     }
 
     /// The endpoint, the metrics backend and the debug server.
@@ -641,6 +648,18 @@ impl MapSource {
                 }
                 let path: Vec<String> = path.iter().map(|s| (*s).to_owned()).collect();
                 map.insert(&path, Value::from(value), var);
+            }
+        }
+        for (var, why) in crate::workload::REFUSED_VARIABLES {
+            if env.get(var).is_some_and(|v| !v.is_empty()) {
+                return Err(ConfigError(format!("{var} is set: {why}")));
+            }
+        }
+        for (var, key) in crate::workload::SDK_VARIABLES {
+            if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
+                let path = ["auth", "workload", "federation", key].map(str::to_owned);
+                let parsed: Value = value.parse().unwrap_or_else(|never| match never {});
+                map.insert(&path, parsed, var);
             }
         }
         for (var, key) in [
@@ -892,6 +911,20 @@ mod tests {
                 "{label}: the three enabled values"
             );
         }
+        // provider.oci.auth.types.workload.federation as the provider reads it.
+        let federation = load("federation").auth.workload.mechanism();
+        assert_eq!(
+            federation,
+            auth::WorkloadMechanism::Federation(auth::FederationConfig {
+                domain_url: "https://idcs-0123.identity.oraclecloud.com".into(),
+                client: auth::ClientAuth::Secret {
+                    client_id: "k8s-csi-runtime".into(),
+                    secret: auth::ClientSecret::File("/etc/oci-federation/client-secret".into()),
+                },
+                token_type: auth::TokenType::Upst,
+            })
+        );
+        assert_eq!(load("federation").auth.workload_audience, "oci-federation");
         // Our chart's budget, and the Go values' 100Mi limit lowering it to fit.
         assert_eq!(load("defaults").server.max_in_flight_bytes, 32 << 20);
         assert_eq!(load("go-chart-values").server.max_in_flight_bytes, 25 << 20);

@@ -14,6 +14,7 @@ mod profile_proto;
 mod ready;
 mod telemetry;
 mod wiring;
+mod workload;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -28,6 +29,7 @@ pub use config::{Config, ConfigError, ENV_PREFIX, LogFormat};
 pub use endpoints::{Endpoints, HttpsUrl, MetadataUrl};
 pub use flags::Flags;
 pub use wiring::Traces;
+pub use workload::{FederationSettings, Mechanism, RequestedTokenType, SecretRef, WorkloadConfig};
 
 /// `runtime_name` answered by `Version`.
 pub const RUNTIME_NAME: &str = "oci-secrets-store-csi-driver-provider";

@@ -182,6 +182,7 @@ pub(crate) fn principals_config(config: &Config, regions: Regions) -> Principals
         key_load_wait: Duration::from_secs(config.auth.key_load_wait_seconds),
         workload_audience: config.auth.workload_audience.clone(),
         token_request: config.auth.token_request,
+        workload_mechanism: config.auth.workload.mechanism(),
         ..PrincipalsConfig::default()
     }
 }
@@ -397,6 +398,9 @@ fn host_classes(
         "federation",
     );
     name(Some(config.endpoints.instance_metadata.as_str()), "imds");
+    if let auth::WorkloadMechanism::Federation(f) = &principals_config.workload_mechanism {
+        name(Some(&f.domain_url), "identity_domain");
+    }
     name(traces.endpoint.as_deref(), "otlp");
     name(principals_config.proxymux_url().as_deref(), "proxymux");
     if let Ok(Some((url, _))) = principals_config.kubernetes_target() {

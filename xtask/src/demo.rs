@@ -3,6 +3,9 @@
 //! Starts the OCI emulator (its own process) and the provider binary, mounts through the
 //! real Unix socket as the Secrets Store CSI driver would, writes the files under
 //! `target/demo/mount/`, and prints them with the provider's upstream connection count.
+//! Then a second provider, configured for workload identity federation at the emulator's
+//! identity domain (`provider-federation.toml`), mounts the same class for another pod:
+//! `authType: workload` unchanged, the node's mechanism another.
 
 use std::path::Path;
 
@@ -28,14 +31,43 @@ async fn demo(bin: &Path) -> anyhow::Result<()> {
     )
     .await?;
     let provider = Provider::start(bin, &emulator.config, &dir, &[]).await?;
-    let result = mounts(&provider, &dir.join("mount")).await;
+    let pods = [
+        ("OKE workload identity", "web-0", "workload"),
+        ("instance principal", "batch-0", "instance"),
+    ];
+    let result = mounts(&provider, &dir.join("mount"), &pods).await;
     let stopped = provider.stop().await;
+    let federated = match (result, stopped) {
+        (Ok(()), Ok(())) => federation(bin, &emulator.config, &dir).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
     emulator.stop().await;
+    federated
+}
+
+/// The same class mounted through workload identity federation: a provider whose
+/// `[auth.workload]` names the emulator's identity domain.
+async fn federation(bin: &Path, config: &Path, dir: &Path) -> anyhow::Result<()> {
+    let config = config.with_file_name("provider-federation.toml");
+    let socket_dir = dir.join("federation");
+    std::fs::create_dir_all(&socket_dir)?;
+    let provider = Provider::start(bin, &config, &socket_dir, &[]).await?;
+    let pods = [(
+        "workload identity federation, any cluster",
+        "web-1",
+        "workload",
+    )];
+    let result = mounts(&provider, &dir.join("mount"), &pods).await;
+    let stopped = provider.stop().await;
     result?;
     stopped
 }
 
-async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
+async fn mounts(
+    provider: &Provider,
+    out: &Path,
+    pods: &[(&str, &str, &str)],
+) -> anyhow::Result<()> {
     let mut client = csi_grpc::client::connect_unix(&provider.socket).await?;
     let version = client
         .version(csi_grpc::proto::VersionRequest {
@@ -50,14 +82,14 @@ async fn mounts(provider: &Provider, out: &Path) -> anyhow::Result<()> {
         provider.socket.display()
     );
     let secrets = "- name: db-password\n- name: db-password\n  versionNumber: 1\n  fileName: db-password.v1\n- name: tls-key\n  fileName: tls/key.bin\n- certificateId: ocid1.certificate.oc1.iad.demoweb\n  privateKey: true\n  directory: web-tls\n";
-    let pods = [
-        ("workload identity", "web-0", "workload"),
-        ("instance principal", "batch-0", "instance"),
-    ];
-    for (label, pod, auth_type) in pods {
+    for &(label, pod, auth_type) in pods {
         let class = format!("demo-{auth_type}");
         let vault = "ocid1.vault.oc1.iad.demo";
-        println!("\n== pod demo/{pod} ({label}) mounts this SecretProviderClass:\n");
+        println!(
+            "
+== pod demo/{pod} ({label}) mounts this SecretProviderClass:
+"
+        );
         print!("{}", class_manifest(&class, vault, auth_type, secrets));
         let attributes = json!({
             "secrets": secrets,

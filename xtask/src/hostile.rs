@@ -163,14 +163,7 @@ fn toml_string(text: &str) -> String {
 
 /// The provider's peak resident set so far, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::procs::status_kib(pid, "VmHWM")
 }
 
 async fn measure(

@@ -218,6 +218,18 @@ impl Provider {
     }
 }
 
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`); 0 when unreadable.
+pub(crate) fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Sums the samples of the Prometheus metric `name` (all label sets).
 pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()

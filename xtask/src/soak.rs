@@ -168,14 +168,7 @@ fn seed(options: &Options) -> String {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::procs::status_kib(pid, "VmRSS")
 }
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {

@@ -11,6 +11,12 @@
 //!
 //! `--provider-bin` runs another build of the provider (an older release, for a "before"
 //! figure): only flags and settings every release accepts are passed to it.
+//!
+//! `--federation` runs the storm through workload identity federation at the emulator's
+//! identity domain instead of OKE's proxymux; `--identities N` spreads the mounts over N
+//! service accounts and `--concurrency C` keeps at most C in flight (the driver's kubelets
+//! across a node): `--federation --identities 20 --mounts 2000 --concurrency 64` is the
+//! figure of 2000 mounts of 20 identities, with the exchanges made and the provider's RSS.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -23,12 +29,13 @@ use serde_json::json;
 
 use crate::procs::{
     Emulator, PROVIDER_BIN, Provider, build, build_emulator, metric_sum, mount_request, root,
+    status_kib,
 };
 use crate::soak::percentile;
 
 const HELP: &str =
     "usage: cargo xtask storm [--mounts N] [--rounds R] [--provider-bin PATH] [--debug]
-                         [--ttl SECONDS]
+                         [--ttl SECONDS] [--federation] [--identities N] [--concurrency C]
 
   --mounts N           mounts fired at once in each round (default 64)
   --rounds R           storms, one after the other (default 1)
@@ -37,6 +44,10 @@ const HELP: &str =
   --provider-bin PATH  the provider binary to run (default: this workspace's build); the
                        emulator is built from this workspace
   --debug              use debug builds (default: release)
+  --federation         workload identity federation at the emulator's identity domain
+                       (the provider's [auth.workload] mechanism) instead of OKE's proxymux
+  --identities N       service accounts the mounts are spread over (default 1)
+  --concurrency C      mounts in flight at most (default: all of a round at once)
 ";
 
 #[derive(Debug)]
@@ -46,6 +57,9 @@ struct Options {
     provider_bin: Option<PathBuf>,
     release: bool,
     ttl: usize,
+    federation: bool,
+    identities: usize,
+    concurrency: Option<usize>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -55,6 +69,9 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         provider_bin: None,
         release: true,
         ttl: 0,
+        federation: false,
+        identities: 1,
+        concurrency: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -72,6 +89,9 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
             }
             "--debug" => o.release = false,
             "--ttl" => o.ttl = value("--ttl")?,
+            "--federation" => o.federation = true,
+            "--identities" => o.identities = value("--identities")?.max(1),
+            "--concurrency" => o.concurrency = Some(value("--concurrency")?.max(1)),
             "-h" | "--help" => {
                 eprint!("{HELP}");
                 return Ok(None);
@@ -104,45 +124,81 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     runtime.block_on(storm(&emulator_dir, &provider, &options))
 }
 
-/// One vault, one secret, one service account allowed to read it.
-fn seed() -> String {
-    [
-        "region = \"us-ashburn-1\"",
-        "workload_tenancy = \"ocid1.tenancy.oc1..storm\"",
-        "[[vaults]]",
-        "id = \"ocid1.vault.oc1.iad.storm\"",
-        "[instance]",
-        "tenancy = \"ocid1.tenancy.oc1..storminstance\"",
-        "instance_id = \"ocid1.instance.oc1.iad.storm\"",
-        "[[secrets]]",
-        "id = \"ocid1.vaultsecret.oc1.iad.storm\"",
-        "name = \"db-password\"",
-        "vault_id = \"ocid1.vault.oc1.iad.storm\"",
-        "[[secrets.versions]]",
-        "number = 1",
-        "stages = [\"CURRENT\", \"LATEST\"]",
-        "content = { text = \"storm-value\" }",
-        "[secrets.access]",
-        "workloads = [{ namespace = \"storm\", service_account = \"web\" }]",
-        "[[service_accounts]]",
-        "namespace = \"storm\"",
-        "name = \"web\"",
-        "[lifetimes]",
-        "rpst_secs = 86400",
-        "instance_token_secs = 86400",
-        "kube_token_default_secs = 86400",
-        "provider_token_secs = 86400",
-    ]
-    .join("\n")
-        + "\n"
+/// One vault, one secret, `identities` service accounts allowed to read it (`web` alone,
+/// or `web-0`...), and an identity domain mapping each to the service user `svc-storm`.
+fn seed(identities: usize) -> String {
+    let accounts = service_accounts(identities);
+    let workloads: Vec<String> = accounts
+        .iter()
+        .map(|sa| format!("{{ namespace = \"storm\", service_account = \"{sa}\" }}"))
+        .collect();
+    let mut lines = vec![
+        "region = \"us-ashburn-1\"".to_owned(),
+        "workload_tenancy = \"ocid1.tenancy.oc1..storm\"".into(),
+        "[[vaults]]".into(),
+        "id = \"ocid1.vault.oc1.iad.storm\"".into(),
+        "[instance]".into(),
+        "tenancy = \"ocid1.tenancy.oc1..storminstance\"".into(),
+        "instance_id = \"ocid1.instance.oc1.iad.storm\"".into(),
+        "[[secrets]]".into(),
+        "id = \"ocid1.vaultsecret.oc1.iad.storm\"".into(),
+        "name = \"db-password\"".into(),
+        "vault_id = \"ocid1.vault.oc1.iad.storm\"".into(),
+        "[[secrets.versions]]".into(),
+        "number = 1".into(),
+        "stages = [\"CURRENT\", \"LATEST\"]".into(),
+        "content = { text = \"storm-value\" }".into(),
+        "[secrets.access]".into(),
+        format!("workloads = [{}]", workloads.join(", ")),
+        "federated = [\"svc-storm\"]".into(),
+    ];
+    for sa in &accounts {
+        lines.push(format!(
+            "[[service_accounts]]\nnamespace = \"storm\"\nname = \"{sa}\""
+        ));
+    }
+    lines.extend(
+        [
+            "[lifetimes]",
+            "rpst_secs = 86400",
+            "instance_token_secs = 86400",
+            "kube_token_default_secs = 86400",
+            "provider_token_secs = 86400",
+            "federated_token_secs = 86400",
+            "[[identity_domain.clients]]",
+            "id = \"storm-runtime\"",
+            "secret = \"storm-client-secret\"",
+            "[[identity_domain.trusts]]",
+            "oauth_clients = [\"storm-runtime\"]",
+            "client_claim_values = [\"oci-federation-storm\"]",
+            "[[identity_domain.trusts.impersonation_service_users]]",
+            "rule = \"sub eq system:serviceaccount:storm:*\"",
+            "value = \"svc-storm\"",
+        ]
+        .map(str::to_owned),
+    );
+    lines.join("\n") + "\n"
+}
+
+/// The service accounts of the storm: `web`, or `web-0` to `web-<n-1>`.
+fn service_accounts(identities: usize) -> Vec<String> {
+    match identities {
+        1 => vec!["web".to_owned()],
+        n => (0..n).map(|i| format!("web-{i}")).collect(),
+    }
 }
 
 async fn storm(emulator_dir: &Path, provider_bin: &Path, options: &Options) -> anyhow::Result<()> {
     let dir = root().join("target").join("storm");
     std::fs::create_dir_all(&dir)?;
     let seed_path = dir.join("seed.toml");
-    std::fs::write(&seed_path, seed())?;
+    std::fs::write(&seed_path, seed(options.identities))?;
     let emulator = Emulator::start(emulator_dir, &seed_path, &dir.join("emulator")).await?;
+    let config = if options.federation {
+        emulator.config.with_file_name("provider-federation.toml")
+    } else {
+        emulator.config.clone()
+    };
     // The provider's defaults (64 slots, a share of 16 per namespace) but for the log level
     // and the cache's TTL, settings every release accepts.
     let ttl = options.ttl.to_string();
@@ -150,11 +206,18 @@ async fn storm(emulator_dir: &Path, provider_bin: &Path, options: &Options) -> a
         ("OCI_PROVIDER_LOG__LEVEL", "error"),
         ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", ttl.as_str()),
     ];
-    let provider = Provider::start_binary(provider_bin, &emulator.config, &dir, &env).await?;
+    let provider = Provider::start_binary(provider_bin, &config, &dir, &env).await?;
     println!(
-        "storm: {} concurrent mounts of one secret by one identity (workload, one namespace), \
-         {} round(s), bundle cache TTL {} s, provider {}",
+        "storm: {} mounts of one secret ({} at once) by {} identities (workload {}, one \
+         namespace), {} round(s), bundle cache TTL {} s, provider {}",
         options.mounts,
+        options.concurrency.unwrap_or(options.mounts),
+        options.identities,
+        if options.federation {
+            "identity federation"
+        } else {
+            "identity on OKE"
+        },
         options.rounds,
         options.ttl,
         provider_bin.display()
@@ -171,14 +234,16 @@ type Outcome = (u64, Option<tonic::Code>);
 
 async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     let client = csi_grpc::client::connect_unix(&provider.socket).await?;
-    let (_, warm) = mount(client.clone(), 0).await;
+    let accounts = Arc::new(service_accounts(options.identities));
+    let (_, warm) = mount(client.clone(), 0, &accounts).await;
     if let Some(code) = warm {
         bail!("the warm-up mount failed: {code:?}");
     }
     let before = provider.metrics().await?;
     let mut all = Vec::new();
     for round in 1..=options.rounds {
-        let outcomes = fire(&client, options.mounts, round * options.mounts).await?;
+        let first = round * options.mounts;
+        let outcomes = fire(&client, options, first, &accounts).await?;
         println!("round {round}: {}", summary(&outcomes));
         all.extend(outcomes);
     }
@@ -208,22 +273,51 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
         );
     }
     println!("{line}");
+    // Every exchange since the start (the warm-up's too): one per identity is the bound.
+    let exchanges = ["rpst", "upst"].map(|kind| {
+        metric_sum(
+            &after,
+            &format!(
+                "oci_provider_credential_fetches_total{{kind=\"{kind}\",op=\"exchange\",result=\"ok\"}}"
+            ),
+        )
+    });
+    if let Some(pid) = provider.pid() {
+        println!(
+            "identities {}: token exchanges {:.0}; provider RSS {} KiB, peak {} KiB",
+            options.identities,
+            exchanges.iter().sum::<f64>(),
+            status_kib(pid, "VmRSS"),
+            status_kib(pid, "VmHWM")
+        );
+    }
     Ok(())
 }
 
-/// `count` mounts of pods `first..`, started together (a barrier releases them at once).
+/// The mounts of pods `first..` (`--mounts` of them): started together (a barrier
+/// releases them at once), or at most `--concurrency` in flight.
 async fn fire(
     client: &csi_grpc::client::Client,
-    count: usize,
+    options: &Options,
     first: usize,
+    accounts: &Arc<Vec<String>>,
 ) -> anyhow::Result<Vec<Outcome>> {
+    let count = options.mounts;
     let start = Arc::new(tokio::sync::Barrier::new(count));
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        options.concurrency.unwrap_or(count),
+    ));
+    let paced = options.concurrency.is_some();
     let tasks: Vec<_> = (first..first + count)
         .map(|pod| {
-            let (client, start) = (client.clone(), start.clone());
+            let (client, start, permits) = (client.clone(), start.clone(), permits.clone());
+            let accounts = accounts.clone();
             tokio::spawn(async move {
-                start.wait().await;
-                mount(client, pod).await
+                let _permit = permits.acquire_owned().await;
+                if !paced {
+                    start.wait().await;
+                }
+                mount(client, pod, &accounts).await
             })
         })
         .collect();
@@ -234,8 +328,9 @@ async fn fire(
     Ok(outcomes)
 }
 
-/// One mount of the secret by the one identity, for pod `pod`.
-async fn mount(mut client: csi_grpc::client::Client, pod: usize) -> Outcome {
+/// One mount of the secret for pod `pod`, by its service account among `accounts`.
+async fn mount(mut client: csi_grpc::client::Client, pod: usize, accounts: &[String]) -> Outcome {
+    let service_account = &accounts[pod % accounts.len()];
     let attributes = json!({
         "secrets": "- name: db-password\n",
         "vaultId": "ocid1.vault.oc1.iad.storm",
@@ -244,7 +339,7 @@ async fn mount(mut client: csi_grpc::client::Client, pod: usize) -> Outcome {
         "csi.storage.k8s.io/pod.name": format!("web-{pod}"),
         "csi.storage.k8s.io/pod.namespace": "storm",
         "csi.storage.k8s.io/pod.uid": format!("00000000-0000-0000-0000-{pod:012}"),
-        "csi.storage.k8s.io/serviceAccount.name": "web",
+        "csi.storage.k8s.io/serviceAccount.name": service_account,
     });
     let started = Instant::now();
     let result = client.mount(mount_request(attributes)).await;

@@ -3,7 +3,8 @@
 use super::*;
 
 /// Which class of upstream an authority is (`secrets`, `certificates`, `vaults`,
-/// `kubernetes`, `proxymux`, `federation`, `imds`): the configured endpoints, then the OCI host names.
+/// `kubernetes`, `proxymux`, `federation`, `identity_domain`, `imds`): the configured
+/// endpoints, then the OCI host names.
 #[derive(Debug, Default)]
 pub(crate) struct HostClasses(std::collections::BTreeMap<String, &'static str>);
 
@@ -25,6 +26,8 @@ impl HostClasses {
             "vaults"
         } else if host.starts_with("auth.") {
             "federation"
+        } else if host.ends_with(".identity.oraclecloud.com") {
+            "identity_domain"
         } else if host == "169.254.169.254" {
             "imds"
         } else if authority.ends_with(":12250") {

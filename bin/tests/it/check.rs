@@ -285,6 +285,46 @@ fn with_the_providers_config_a_switched_off_auth_type_and_an_unlisted_region_are
 }
 
 #[test]
+fn with_a_federation_config_workload_classes_are_told_what_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("provider.toml");
+    std::fs::write(
+        &config,
+        "region = \"us-ashburn-1\"\n[auth]\nworkload_audience = \"oci-federation\"\n\
+         [auth.workload]\nmechanism = \"federation\"\n[auth.workload.federation]\n\
+         domain_url = \"https://idcs-0123.identity.oraclecloud.com\"\n\
+         use_instance_principal = true\n\
+         requested_token_type = \"urn:oci:token-type:oci-rpst\"\nresource_type = \"k8sworkload\"\n",
+    )
+    .unwrap();
+    let class = "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\n\
+                 metadata: {name: web, namespace: app}\nspec:\n  provider: oci\n  parameters:\n\
+                 \x20   authType: workload\n    vaultId: ocid1.vault.oc1..v\n\
+                 \x20   secrets: |\n      - name: db\n";
+    let config = config.to_str().unwrap();
+    let (code, out, err) = check(
+        &["--config", config, "--service-account", "web", "-"],
+        Some(class),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "  identity: service account app/web through workload identity federation at \
+             https://idcs-0123.identity.oraclecloud.com (RPST, the instance principal's \
+             signature), its token for audience \"oci-federation\""
+        ),
+        "{out}"
+    );
+    // Without a configuration nothing is said of the identity; a broken one is named.
+    let (_, out, _) = check(&["-"], Some(class));
+    assert!(!out.contains("identity:"), "{out}");
+    std::fs::write(config, "[auth.workload]\nmechanism = \"federation\"\n").unwrap();
+    let (code, _, err) = check(&["--config", config, "-"], Some(class));
+    assert_eq!(code, 2);
+    assert!(err.contains("needs region"), "{err}");
+}
+
+#[test]
 fn versions_and_tag_selections_print_each_version_file_and_what_they_select() {
     let (code, out, _) = check(&["kinds.yaml"], None);
     assert_eq!(code, 1, "{out}");

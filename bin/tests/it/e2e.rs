@@ -16,6 +16,7 @@ use crate::process::{Output, Provider};
 
 mod admission;
 mod echoes;
+mod federation;
 mod instance;
 mod prometheus;
 mod tags;
@@ -289,6 +290,7 @@ async fn each_principal_mounts_real_files_from_the_emulator() {
             Some(Principal::User { .. }) => "user".to_owned(),
             Some(Principal::Workload { .. }) => "workload".to_owned(),
             Some(Principal::Instance { .. }) => "instance".to_owned(),
+            Some(Principal::Federated { .. }) => "federated".to_owned(),
             None => "unauthenticated".to_owned(),
         })
         .collect();
@@ -743,12 +745,17 @@ async fn trace_logs_of_mounts_and_every_error_path_hold_no_secret_or_credential(
     ];
     assert!(output.stderr.contains("TRACE"), "trace logs were captured");
     assert!(output.stderr.contains("mount succeeded") && output.stderr.contains("mount failed"));
-    for needle in &forbidden {
+    assert_none_holds(&output, &errors, &forbidden);
+}
+
+/// Asserts that neither the logs nor any of the statuses' messages hold any of `forbidden`.
+fn assert_none_holds(output: &Output, errors: &[tonic::Status], forbidden: &[String]) {
+    for needle in forbidden {
         assert!(
             !output.stderr.contains(needle.as_str()),
             "the logs hold {needle:?}"
         );
-        for status in &errors {
+        for status in errors {
             assert!(
                 !status.message().contains(needle.as_str()),
                 "{needle:?} in {status:?}"

@@ -72,6 +72,8 @@ pub enum Endpoint {
     InstanceMetadata,
     /// OCI x509 federation.
     Federation,
+    /// An OCI identity domain's token exchange (workload identity federation).
+    IdentityDomain,
     /// The OCI Secrets API.
     Secrets,
 }
@@ -83,6 +85,7 @@ impl std::fmt::Display for Endpoint {
             Endpoint::Proxymux => "the proxymux",
             Endpoint::InstanceMetadata => "instance metadata",
             Endpoint::Federation => "oci x509 federation",
+            Endpoint::IdentityDomain => "the oci identity domain",
             Endpoint::Secrets => "the oci secrets api",
         })
     }
@@ -324,6 +327,32 @@ pub enum AuthError {
         #[source]
         source: std::io::Error,
     },
+    /// The identity domain answered a token exchange other than with a session token.
+    #[error("{}", exchange_message(namespace, service_account, *status, error.as_deref(), description.as_deref()))]
+    TokenExchange {
+        /// Namespace.
+        namespace: String,
+        /// Service account.
+        service_account: String,
+        /// The HTTP status.
+        status: u16,
+        /// The OAuth `error` (RFC 6749 5.2; `invalid_grant`, `invalid_client`, ...) or OCI
+        /// `code` of the body, when it is a short identifier.
+        error: Option<String>,
+        /// Its `error_description`, quoted, when short and repeating nothing that was sent.
+        description: Option<String>,
+    },
+    /// The identity domain's client secret cannot be read.
+    #[error(
+        "cannot read the client secret of the identity domain's confidential application \
+        from {place} (auth.workload.federation): {problem}"
+    )]
+    ClientSecret {
+        /// The file or Secret member.
+        place: String,
+        /// What is wrong (never the content).
+        problem: String,
+    },
     /// The instance leaf certificate is not usable.
     #[error("the instance certificate from instance metadata is unusable: {0}")]
     InstanceCertificate(&'static str),
@@ -390,6 +419,13 @@ impl AuthError {
             | AuthError::UserSecret { .. } => ErrorKind::InvalidArgument,
             AuthError::UserSecretNotFound { .. } => ErrorKind::NotFound,
             AuthError::Status { status, .. } => ErrorKind::from_http_status(*status),
+            // The identity could not be established: the driver retries, the operator reads
+            // what to fix; throttling and failures of the domain are what they are.
+            AuthError::TokenExchange { status, .. } => match ErrorKind::from_http_status(*status) {
+                kind @ (ErrorKind::ResourceExhausted | ErrorKind::Unavailable) => kind,
+                _ => ErrorKind::Unauthenticated,
+            },
+            AuthError::ClientSecret { .. } => ErrorKind::Unavailable,
             AuthError::MalformedResponse { .. }
             | AuthError::TokenFile { .. }
             | AuthError::InstanceCertificate(_) => ErrorKind::Unavailable,
@@ -450,6 +486,66 @@ fn no_token_message(
              provider does not request tokens for the controller, which mounts for no pod"
         ),
     }
+}
+
+/// What an identity domain's answer to a token exchange means, and what to fix: by its
+/// OAuth `error` (what the emulator answers, `ARCHITECTURE.md`), else by its status.
+fn exchange_message(
+    namespace: &str,
+    service_account: &str,
+    status: u16,
+    error: Option<&str>,
+    description: Option<&str>,
+) -> String {
+    const SETTINGS: &str = "auth.workload.federation";
+    let advice = match (error, status) {
+        (Some("invalid_client"), _) => format!(
+            "the domain did not accept the provider's client authentication: check \
+             {SETTINGS}.client_id and its client secret (the confidential application must be \
+             activated, allow the client credentials grant and be listed in the identity \
+             propagation trust's oauthClients); with use_instance_principal, the node must be \
+             in a dynamic group the domain lets exchange tokens"
+        ),
+        (Some("invalid_grant"), _) => format!(
+            "the domain did not accept the service-account token for its identity propagation \
+             trust: the trust must be active, its issuer the cluster's service-account issuer \
+             (kubectl get --raw /.well-known/openid-configuration), its publicKeyEndpoint or \
+             publicCertificate the cluster's current keys (copy a publicCertificate again \
+             after a key rotation), its clientClaimValues hold auth.workload_audience, and an \
+             impersonation rule match sub system:serviceaccount:{namespace}:{service_account} \
+             (UPST) or its impersonatingResource be {SETTINGS}.resource_type (RPST)"
+        ),
+        (Some("unauthorized_client"), _) => "the confidential application may not use the \
+             token exchange grant: allow it in the application's OAuth configuration"
+            .to_owned(),
+        (Some("unsupported_grant_type"), _) => format!(
+            "the endpoint does not do RFC 8693 token exchange: is {SETTINGS}.domain_url the \
+             identity domain's URL (https://idcs-<id>.identity.oraclecloud.com)?"
+        ),
+        (Some("invalid_request"), _) => format!(
+            "the domain found the request malformed: an RPST needs {SETTINGS}.resource_type \
+             (res_type); report it if that is set"
+        ),
+        (_, 404) => format!(
+            "there is no token endpoint at {SETTINGS}.domain_url: it is the domain's base URL, \
+             without a path"
+        ),
+        (_, 429) => "the domain throttled the exchange; the driver retries the mount".to_owned(),
+        (_, 500..=599) => "the domain failed on every attempt within the mount's deadline; \
+             the driver retries the mount"
+            .to_owned(),
+        _ => "an answer this provider does not expect".to_owned(),
+    };
+    let code = match (error, description) {
+        (Some(e), Some(d)) => format!(", {e}: {d}"),
+        (Some(e), None) => format!(", {e}"),
+        (None, Some(d)) => format!(": {d}"),
+        (None, None) => String::new(),
+    };
+    format!(
+        "the oci identity domain refused the token exchange of service account \
+         {namespace}/{service_account} (http {status}{code}): {advice}"
+    )
 }
 
 fn issuer_keys_message(namespace: &str, service_account: &str, kind: ErrorKind) -> String {

@@ -153,13 +153,53 @@ proptest! {
     }
 
     #[test]
+    fn fuzz_the_identity_domains_answers(body in proptest::collection::vec(any::<u8>(), 0..400), edits in edits(), status in 100u16..600) {
+        let now = UNIX_EPOCH + Duration::from_secs(1_699_990_000);
+        let _ = crate::principals::fuzz_exchange_answer(&body, now);
+        let answer = format!(r#"{{"token":"{}","expires_in":3600}}"#, jwt_of(SAMPLE_CLAIMS));
+        let _ = crate::principals::fuzz_exchange_answer(&mutate(answer.as_bytes(), &edits), now);
+        // However the domain words its refusal, nothing sent comes back in the message.
+        let token = jwt_of(SAMPLE_CLAIMS);
+        let sent = [token.as_str(), "client-s3cret"];
+        for body in [body, mutate(refusal_echoing(&token).as_bytes(), &edits)] {
+            let message = crate::principals::fuzz_exchange_refusal(status, &body, &sent);
+            prop_assert!(!message.contains("client-s3cret"), "{message}");
+            for part in token.split('.').filter(|p| p.len() >= 8) {
+                prop_assert!(!message.contains(part), "{message}");
+            }
+        }
+    }
+
+    #[test]
     fn fuzz_the_instance_certificate_subject(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = crate::principals::fuzz_tenancy(&bytes);
     }
 }
 
+/// An OAuth error body whose description repeats the subject token and the client secret.
+fn refusal_echoing(token: &str) -> String {
+    format!(
+        r#"{{"error":"invalid_grant","error_description":"bad token {token} for client-s3cret"}}"#
+    )
+}
+
 #[test]
 fn the_samples_are_valid_so_mutations_start_from_real_input() {
+    let now = UNIX_EPOCH + Duration::from_secs(1_699_990_000);
+    let answer = format!(
+        r#"{{"token":"{}","expires_in":3600}}"#,
+        jwt_of(SAMPLE_CLAIMS)
+    );
+    assert!(crate::principals::fuzz_exchange_answer(answer.as_bytes(), now).is_ok());
+    let message = crate::principals::fuzz_exchange_refusal(
+        400,
+        br#"{"error":"invalid_grant","error_description":"audience: no match"}"#,
+        &[],
+    );
+    assert!(
+        message.contains("invalid_grant: \"audience: no match\""),
+        "{message}"
+    );
     let claims = jwt::claims(&jwt_of(SAMPLE_CLAIMS)).unwrap();
     assert!(jwt::exp(&claims).is_ok());
     let valid = format!(

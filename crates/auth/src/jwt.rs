@@ -63,13 +63,34 @@ pub(crate) fn exp(claims: &Map<String, Value>) -> Result<SystemTime, &'static st
 
 /// The `nbf` claim as a time, if the token has one.
 pub(crate) fn nbf(claims: &Map<String, Value>) -> Result<Option<SystemTime>, &'static str> {
-    let Some(nbf) = claims.get("nbf") else {
+    optional_date(
+        claims.get("nbf"),
+        "its nbf claim is not a number",
+        "its nbf claim is out of range",
+    )
+}
+
+/// The `iat` claim as a time, if the token has one.
+pub(crate) fn iat(claims: &Map<String, Value>) -> Result<Option<SystemTime>, &'static str> {
+    optional_date(
+        claims.get("iat"),
+        "its iat claim is not a number",
+        "its iat claim is out of range",
+    )
+}
+
+/// An optional NumericDate claim, with the errors to say when it is not one.
+fn optional_date(
+    claim: Option<&Value>,
+    not_a_number: &'static str,
+    out_of_range: &'static str,
+) -> Result<Option<SystemTime>, &'static str> {
+    let Some(claim) = claim else {
         return Ok(None);
     };
-    let nbf = nbf.as_f64().ok_or("its nbf claim is not a number")?;
-    numeric_date(nbf)
+    numeric_date(claim.as_f64().ok_or(not_a_number)?)
         .map(Some)
-        .ok_or("its nbf claim is out of range")
+        .ok_or(out_of_range)
 }
 
 /// A JWT NumericDate (seconds since the epoch) as a time, in whole seconds; `None` when it

@@ -277,6 +277,19 @@ impl KubeApi {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<Option<KubeSecret>, AuthError> {
+        match self.get_secret(namespace, name, deadline).await? {
+            Some(body) => secret_from_body(&body, namespace, name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `GET .../secrets/{name}`: the body of a 200, `None` for a 404, else the error.
+    async fn get_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<bytes::Bytes>, AuthError> {
         let operation = format!("reading secret {namespace}/{name}");
         let uri = format!(
             "{}/api/v1/namespaces/{}/secrets/{}",
@@ -287,14 +300,48 @@ impl KubeApi {
         let response = self
             .call(Method::GET, uri, None, &operation, deadline)
             .await?;
-        let status = response.status();
-        if status == StatusCode::NOT_FOUND {
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::OK => Ok(Some(response.into_body())),
+            _ => Err(status_error(operation, &response)),
+        }
+    }
+
+    /// One data member of a Secret of the operator's choosing (the identity domain's client
+    /// secret, in the provider's own namespace), decoded; `None` when the Secret or the
+    /// member does not exist. Its other members are read and dropped (wiped) at once.
+    pub(crate) async fn secret_member(
+        &self,
+        namespace: &str,
+        name: &str,
+        member: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, AuthError> {
+        #[derive(Deserialize)]
+        struct Secret {
+            #[serde(default)]
+            data: BTreeMap<String, String>,
+        }
+        let Some(body) = self.get_secret(namespace, name, deadline).await? else {
             return Ok(None);
-        }
-        if status != StatusCode::OK {
-            return Err(status_error(operation, &response));
-        }
-        secret_from_body(response.body(), namespace, name).map(Some)
+        };
+        let parsed: Secret = parse_body(&body, format!("reading secret {namespace}/{name}"))?;
+        // Each value moved into a buffer wiped when dropped, the wanted one decoded.
+        let data: BTreeMap<String, Zeroizing<String>> = parsed
+            .data
+            .into_iter()
+            .map(|(k, v)| (k, Zeroizing::new(v)))
+            .collect();
+        let Some(value) = data.get(member) else {
+            return Ok(None);
+        };
+        STANDARD
+            .decode(value.trim())
+            .map(|bytes| Some(Zeroizing::new(bytes)))
+            .map_err(|_| AuthError::ClientSecret {
+                place: format!("member {member} of Secret {namespace}/{name}"),
+                problem: "it is not base64".into(),
+            })
     }
 }
 

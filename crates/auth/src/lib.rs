@@ -12,7 +12,8 @@
 //!   tests replace with a [`ManualClock`].
 //!
 //! - [`Principals`] is the façade over the three principals (user API key from a Kubernetes
-//!   Secret, instance principal, OKE workload identity): [`Principals::establish`] readies
+//!   Secret, instance principal, workload identity by OKE's proxymux or by an identity
+//!   domain's token exchange, [`WorkloadMechanism`]): [`Principals::establish`] readies
 //!   one mount's identity and answers with its [`Session`], from per-identity caches.
 //!   A service-account token a mount supplies is verified against the cluster's
 //!   service-account issuer keys before any cached session is served to it. Every call it
@@ -39,8 +40,9 @@ pub use key::{KeyError, PrivateKey};
 #[cfg(feature = "test-support")]
 pub use principals::load_user_secret_for_tests;
 pub use principals::{
-    Caller, DEFAULT_INSTANCE_METADATA, DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established,
-    INSTANCE_RENEWAL_COOL_DOWN, IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
+    Caller, ClientAuth, ClientSecret, DEFAULT_INSTANCE_METADATA,
+    DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, FederationConfig, INSTANCE_RENEWAL_COOL_DOWN,
+    IdentityRequest, PrincipalKind, Principals, PrincipalsConfig, TokenType, WorkloadMechanism,
 };
 pub use remote::opc_request_id;
 pub use session::{Invalidated, Session};

@@ -7,6 +7,7 @@ use tower::ServiceExt as _;
 use transport::{Deadline, HttpService};
 
 use crate::error::{AuthError, Endpoint};
+use zeroize::Zeroizing;
 
 /// Sends `request` with `deadline` over `http`.
 pub(crate) async fn send(
@@ -67,6 +68,36 @@ pub(crate) fn segment(value: &str) -> String {
     out
 }
 
+/// An `application/x-www-form-urlencoded` body of `fields`, in order: letters, digits and
+/// `*-._` as they are, a space as `+`, every other byte `%XX` (so Base64's `+/=` are
+/// escaped, as Go's `url.Values.Encode` does). Holds what the fields hold: a caller with
+/// secret fields keeps it zeroizing.
+pub(crate) fn form_urlencoded(fields: &[(&str, &str)]) -> Zeroizing<String> {
+    let mut out = Zeroizing::new(String::with_capacity(
+        fields.iter().map(|(k, v)| k.len() + 3 * v.len() + 2).sum(),
+    ));
+    for (i, (name, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        for (j, part) in [name, value].into_iter().enumerate() {
+            if j > 0 {
+                out.push('=');
+            }
+            for byte in part.bytes() {
+                match byte {
+                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                        out.push(char::from(byte));
+                    }
+                    b' ' => out.push('+'),
+                    _ => out.push_str(&format!("%{byte:02X}")),
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `host` as it goes in a URL authority: IPv6 addresses bracketed.
 pub(crate) fn url_host(host: &str) -> String {
     if host.contains(':') && !host.starts_with('[') {
@@ -99,7 +130,16 @@ pub fn opc_request_id(groups: usize) -> Option<String> {
 
 #[cfg(test)]
 mod request_id_tests {
-    use super::opc_request_id;
+    use super::{form_urlencoded, opc_request_id};
+
+    #[test]
+    fn form_values_escape_base64_and_reserved_bytes() {
+        let body = form_urlencoded(&[("public_key", "MII+/a=="), ("t", "a b&c=d~é")]);
+        assert_eq!(
+            body.as_str(),
+            "public_key=MII%2B%2Fa%3D%3D&t=a+b%26c%3Dd%7E%C3%A9"
+        );
+    }
 
     #[test]
     fn request_ids_are_groups_of_32_hex_digits() {

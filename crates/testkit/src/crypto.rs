@@ -181,3 +181,55 @@ impl JwtSigner {
         rsa_verify(&self.public_key_der(), input.as_bytes(), &sig)
     }
 }
+
+/// The modulus and public exponent (big-endian, no leading zero) of an RSA
+/// SubjectPublicKeyInfo DER.
+pub(crate) fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    use pkcs1::der::Decode as _;
+    let info = pkcs8::SubjectPublicKeyInfoRef::from_der(spki).ok()?;
+    let key = pkcs1::RsaPublicKeyRef::from_der(info.subject_public_key.as_bytes()?).ok()?;
+    Some((
+        key.modulus.as_bytes().to_vec(),
+        key.public_exponent.as_bytes().to_vec(),
+    ))
+}
+
+/// Verifies an RSA PKCS#1 v1.5 SHA-256 signature with a key given by its modulus and
+/// exponent (a JWK's `n` and `e`).
+pub(crate) fn rsa_verify_components(n: &[u8], e: &[u8], message: &[u8], sig: &[u8]) -> bool {
+    signature::RsaPublicKeyComponents { n, e }
+        .verify(&signature::RSA_PKCS1_2048_8192_SHA256, message, sig)
+        .is_ok()
+}
+
+/// The JWK of an RSA public key (SPKI DER), as the identity domain puts the session key in
+/// the `jwk` claim of its session tokens: a JSON object serialised into a string.
+pub(crate) fn jwk_string(spki: &[u8]) -> Option<String> {
+    let (n, e) = rsa_components(spki)?;
+    let kid = STANDARD.encode(digest::digest(&digest::SHA256, spki));
+    Some(
+        serde_json::json!({
+            "kty": "RSA",
+            "alg": "RS256",
+            "use": "sig",
+            "kid": kid,
+            "n": URL_SAFE_NO_PAD.encode(n),
+            "e": URL_SAFE_NO_PAD.encode(e),
+        })
+        .to_string(),
+    )
+}
+
+/// The header and claims of a JWT, without checking anything.
+pub(crate) fn jwt_parts(token: &str) -> Option<(serde_json::Value, serde_json::Value)> {
+    let mut parts = token.split('.');
+    let (Some(header), Some(claims), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let decode = |part: &str| -> Option<serde_json::Value> {
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part.trim_end_matches('=')).ok()?).ok()
+    };
+    Some((decode(header)?, decode(claims)?))
+}

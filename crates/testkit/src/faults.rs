@@ -44,6 +44,32 @@ pub enum Fault {
     UnknownContentType,
     /// Answer 200 with this exact body (`application/json`).
     Body(String),
+    /// Answer with an OAuth error body (RFC 6749 5.2): `{"error": ..., "error_description":
+    /// "injected fault"}`, as the identity domain refuses a token exchange.
+    OAuth {
+        /// HTTP status.
+        status: u16,
+        /// The `error` code, e.g. `invalid_grant`.
+        error: String,
+    },
+}
+
+impl Fault {
+    /// The identity domain refuses the subject token: 400 `invalid_grant`.
+    pub fn invalid_grant() -> Self {
+        Fault::OAuth {
+            status: 400,
+            error: "invalid_grant".into(),
+        }
+    }
+
+    /// The identity domain refuses the client: 401 `invalid_client`.
+    pub fn invalid_client() -> Self {
+        Fault::OAuth {
+            status: 401,
+            error: "invalid_client".into(),
+        }
+    }
 }
 
 impl Fault {

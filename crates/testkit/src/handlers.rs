@@ -10,7 +10,9 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use crate::crypto::{is_rsa_public_key, pem_decode, sha1_fingerprint, sha256_fingerprint};
+use crate::crypto::{
+    is_rsa_public_key, pem_decode, rsa_verify_components, sha1_fingerprint, sha256_fingerprint,
+};
 use crate::seed::{STAGES, WorkloadRef};
 use crate::server::{IssuerDocument, Reply};
 use crate::sig;
@@ -32,6 +34,7 @@ pub(crate) async fn handle(
         Endpoint::Kube => kube(shared, parts, body),
         Endpoint::Imds => imds(shared, parts),
         Endpoint::Certificates => certificates(shared, parts, body),
+        Endpoint::IdentityDomain => crate::domain::handle(shared, parts, body),
         Endpoint::Vaults => crate::listing::vaults(shared, parts, body),
     }
 }
@@ -62,39 +65,54 @@ pub(crate) fn authenticate(
 ) -> Result<Principal, String> {
     let params = sig::parse_authorization(parts)?;
     let signing = sig::signing_string(parts, body, &params, false, shared.now())?;
-    let (principal, key) = if let Some(token) = params.key_id.strip_prefix("ST$") {
-        let rec = shared.check_token(token, &[TokenKind::Rpst, TokenKind::Instance])?;
-        let key = rec.session_spki.ok_or("token has no session key")?;
-        (rec.principal, key)
-    } else {
-        let mut it = params.key_id.split('/');
-        let (Some(tenancy), Some(user), Some(fp), None) =
-            (it.next(), it.next(), it.next(), it.next())
-        else {
-            return Err("keyId is not tenancy/user/fingerprint".into());
+    if let Some(token) = params.key_id.strip_prefix("ST$") {
+        let kinds = [TokenKind::Rpst, TokenKind::Instance, TokenKind::Federated];
+        let rec = shared.check_token(token, &kinds)?;
+        let verified = if rec.kind == TokenKind::Federated {
+            // The identity domain's session tokens carry their key: OCI verifies with it.
+            let (n, e) = jwk_of(token).ok_or("the session token has no usable jwk claim")?;
+            rsa_verify_components(&n, &e, signing.as_bytes(), &params.signature)
+        } else {
+            let key = rec.session_spki.ok_or("token has no session key")?;
+            sig::verify(&key, &signing, &params)
         };
-        let key = shared
-            .state()
-            .users
-            .iter()
-            .find(|k| {
-                k.tenancy == tenancy && k.user == user && k.fingerprint.eq_ignore_ascii_case(fp)
-            })
-            .map(|k| k.spki.clone())
-            .ok_or("unknown api key")?;
-        let p = Principal::User {
-            tenancy: tenancy.into(),
-            user: user.into(),
-        };
-        if shared.is_revoked(&p) {
-            return Err("principal has been revoked".into());
+        if !verified {
+            return Err("signature does not verify".into());
         }
-        (p, key)
+        return Ok(rec.principal);
+    }
+    let mut it = params.key_id.split('/');
+    let (Some(tenancy), Some(user), Some(fp), None) = (it.next(), it.next(), it.next(), it.next())
+    else {
+        return Err("keyId is not tenancy/user/fingerprint".into());
     };
+    let key = shared
+        .state()
+        .users
+        .iter()
+        .find(|k| k.tenancy == tenancy && k.user == user && k.fingerprint.eq_ignore_ascii_case(fp))
+        .map(|k| k.spki.clone())
+        .ok_or("unknown api key")?;
+    let p = Principal::User {
+        tenancy: tenancy.into(),
+        user: user.into(),
+    };
+    if shared.is_revoked(&p) {
+        return Err("principal has been revoked".into());
+    }
     if !sig::verify(&key, &signing, &params) {
         return Err("signature does not verify".into());
     }
-    Ok(principal)
+    Ok(p)
+}
+
+/// The modulus and exponent of the `jwk` claim (a JSON string holding a JWK) of a token.
+fn jwk_of(token: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (_, claims) = crate::crypto::jwt_parts(token)?;
+    let jwk: serde_json::Value = serde_json::from_str(claims.get("jwk")?.as_str()?).ok()?;
+    let field = |name: &str| URL_SAFE_NO_PAD.decode(jwk.get(name)?.as_str()?).ok();
+    Some((field("n")?, field("e")?))
 }
 
 fn secrets(shared: &Shared, parts: &Parts, body: &[u8], rid: &str) -> Reply {

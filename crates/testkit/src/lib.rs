@@ -37,6 +37,7 @@
 
 mod certs;
 mod crypto;
+mod domain;
 mod driver;
 mod faults;
 mod handlers;
@@ -66,9 +67,9 @@ pub use crate::crypto::api_key_fingerprint;
 pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
 pub use crate::seed::{
-    Access, CompartmentSeed, Content, DEFAULT_COMPARTMENT, InstanceSeed, KubeSecretSeed,
-    LIFECYCLE_STATES, Lifetimes, STAGES, SecretSeed, Seed, ServiceAccountSeed, UserSeed, VaultSeed,
-    VersionSeed, WorkloadRef,
+    Access, CompartmentSeed, Content, DEFAULT_COMPARTMENT, IdentityDomainSeed, ImpersonationRule,
+    InstanceSeed, KubeSecretSeed, LIFECYCLE_STATES, Lifetimes, OAuthClientSeed, STAGES, SecretSeed,
+    Seed, ServiceAccountSeed, TrustKeys, TrustSeed, UserSeed, VaultSeed, VersionSeed, WorkloadRef,
 };
 pub use crate::state::{Principal, Revoke, SecretsCall, VaultsCall};
 pub use crate::stats::{Endpoint, ListenerStats, Stats, WaitTimeout};
@@ -137,6 +138,11 @@ pub struct Files {
     pub kubeconfig: PathBuf,
     /// A provider configuration file with an `[endpoints]` table.
     pub provider_config: PathBuf,
+    /// The same with workload identity federation at the emulator's identity domain, when
+    /// the seed has a confidential application and a trust (else not written).
+    pub federation_config: PathBuf,
+    /// The first confidential application's client secret (written with the above).
+    pub client_secret: PathBuf,
 }
 
 #[derive(Debug)]
@@ -291,6 +297,8 @@ async fn start_inner(
         provider_token: dir.join("token"),
         kubeconfig: dir.join("kubeconfig"),
         provider_config: dir.join("provider.toml"),
+        federation_config: dir.join("provider-federation.toml"),
+        client_secret: dir.join("client-secret"),
         dir,
     };
     let info = Arc::new(Info {
@@ -797,7 +805,32 @@ impl EmulatorHandle {
         );
         std::fs::write(&f.kubeconfig, kubeconfig)?;
         std::fs::write(&f.provider_config, self.provider_config(region))?;
+        if let Some((config, secret)) = self.federation_config(region) {
+            std::fs::write(&f.client_secret, secret)?;
+            std::fs::write(&f.federation_config, config)?;
+        }
         Ok(())
+    }
+
+    /// [`EmulatorHandle::provider_config`] with `[auth.workload]` set to federation at the
+    /// emulator's identity domain as its first application (secret in
+    /// [`Files::client_secret`]) for UPSTs, the audience its first trust expects; and that
+    /// client secret. `None` when the seed has no application or trust.
+    pub fn federation_config(&self, region: &str) -> Option<(String, String)> {
+        let domain = self.shared.state().identity_domain.clone();
+        let client = domain.clients.first()?;
+        let audience = domain.trusts.first()?.client_claim_values.first()?.clone();
+        let f = &self.info.files;
+        let config = format!(
+            "{}\n[auth]\nworkload_audience = {audience:?}\n\n[auth.workload]\n\
+             mechanism = \"federation\"\n\n[auth.workload.federation]\n\
+             domain_url = {:?}\nclient_id = {:?}\nclient_secret_file = {:?}\n",
+            self.provider_config(region),
+            self.url(Endpoint::IdentityDomain),
+            client.id,
+            path_str(&f.client_secret),
+        );
+        Some((config, client.secret.clone()))
     }
 }
 

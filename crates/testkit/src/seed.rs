@@ -58,6 +58,9 @@ pub struct Seed {
     pub certificate_authorities: Vec<crate::certs::CaSeed>,
     /// CA bundles (each holds the emulator's issuing CA and root).
     pub ca_bundles: Vec<crate::certs::CaSeed>,
+    /// The OCI identity domain of workload identity federation: its confidential
+    /// applications and identity propagation trusts.
+    pub identity_domain: IdentityDomainSeed,
     /// Compartments and who may list their secrets (`inspect secrets`).
     pub compartments: Vec<CompartmentSeed>,
 }
@@ -82,6 +85,7 @@ impl Default for Seed {
             certificates: Vec::new(),
             certificate_authorities: Vec::new(),
             ca_bundles: Vec::new(),
+            identity_domain: IdentityDomainSeed::default(),
             compartments: Vec::new(),
         }
     }
@@ -283,6 +287,14 @@ impl SecretSeed {
         self.access.instance_tenancies.push(tenancy.into());
         self
     }
+
+    /// Allows a federated principal by name: a service user's id (the sessions the
+    /// identity domain answers as UPSTs) or a service account's subject
+    /// `system:serviceaccount:<ns>:<sa>` (as RPSTs).
+    pub fn allow_federated(mut self, name: impl Into<String>) -> Self {
+        self.access.federated.push(name.into());
+        self
+    }
 }
 
 /// One secret version.
@@ -356,6 +368,9 @@ pub struct Access {
     pub workloads: Vec<WorkloadRef>,
     /// Tenancies whose instances may read.
     pub instance_tenancies: Vec<String>,
+    /// Federated principals by name (`request.principal.name` in an OCI policy): service
+    /// user ids (UPST sessions) and service-account subjects (RPST sessions).
+    pub federated: Vec<String>,
 }
 
 /// A Kubernetes workload identity.
@@ -452,6 +467,8 @@ pub struct Lifetimes {
     pub kube_token_default_secs: u64,
     /// Lifetime of the provider's own service-account token.
     pub provider_token_secs: u64,
+    /// Lifetime of the identity domain's session tokens (UPST and RPST).
+    pub federated_token_secs: u64,
 }
 
 impl Default for Lifetimes {
@@ -461,6 +478,127 @@ impl Default for Lifetimes {
             instance_token_secs: 1200,
             kube_token_default_secs: 3600,
             provider_token_secs: 365 * 24 * 3600,
+            federated_token_secs: 3600,
         }
     }
+}
+
+/// The identity domain: confidential applications and identity propagation trusts
+/// (`spec/oci-workload-identity-federation.md` section 4).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdentityDomainSeed {
+    /// Confidential applications (client credentials grant).
+    pub clients: Vec<OAuthClientSeed>,
+    /// Identity propagation trusts, in order (the first that applies decides).
+    pub trusts: Vec<TrustSeed>,
+}
+
+impl IdentityDomainSeed {
+    /// A domain with one confidential application and one active trust of the emulator's
+    /// cluster (its issuer and current keys) for tokens of `audience`, which answers RPSTs
+    /// for `res_type` `k8sworkload`; [`IdentityDomainSeed::rule`] adds UPST mappings.
+    pub fn new(client_id: &str, client_secret: &str, audience: &str) -> Self {
+        Self {
+            clients: vec![OAuthClientSeed {
+                id: client_id.into(),
+                secret: client_secret.into(),
+            }],
+            trusts: vec![TrustSeed {
+                oauth_clients: vec![client_id.into()],
+                client_claim_values: vec![audience.into()],
+                ..TrustSeed::default()
+            }],
+        }
+    }
+
+    /// Adds an impersonation rule (`sub eq system:serviceaccount:ns:sa`) to the first trust.
+    pub fn rule(mut self, rule: &str, service_user: &str) -> Self {
+        if let Some(trust) = self.trusts.first_mut() {
+            trust.impersonation_service_users.push(ImpersonationRule {
+                rule: rule.into(),
+                value: service_user.into(),
+            });
+        }
+        self
+    }
+}
+
+/// A confidential application.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OAuthClientSeed {
+    /// Its client id.
+    pub id: String,
+    /// Its client secret.
+    pub secret: String,
+}
+
+/// Where a trust takes the cluster's service-account keys from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrustKeys {
+    /// `publicKeyEndpoint`: the cluster's JWKS as it is now (a rotation is seen at once).
+    #[default]
+    Endpoint,
+    /// `publicCertificate`: the keys the cluster had when the emulator started (a rotation
+    /// is not seen until the trust is updated).
+    Pinned,
+}
+
+/// An identity propagation trust of type JWT.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrustSeed {
+    /// Its name.
+    pub name: String,
+    /// `issuer`: the `iss` its tokens must carry.
+    pub issuer: String,
+    /// `active` (a real trust defaults to false; here true).
+    pub active: bool,
+    /// `publicKeyEndpoint` or `publicCertificate`.
+    pub public_keys: TrustKeys,
+    /// `oauthClients`: the confidential applications that may exchange.
+    pub oauth_clients: Vec<String>,
+    /// Tenancies whose instances may exchange with their instance principal signature (the
+    /// stand-in for a dynamic group's policy).
+    pub instance_tenancies: Vec<String>,
+    /// `clientClaimValues` of `clientClaimName: aud`: the token's `aud` must hold one.
+    pub client_claim_values: Vec<String>,
+    /// `impersonationServiceUsers`: `<claim> eq|co <value>` rules to service user ids, for
+    /// UPSTs (`subjectType: User`).
+    pub impersonation_service_users: Vec<ImpersonationRule>,
+    /// `impersonatingResource`: the `res_type` RPSTs are asked for (`subjectType:
+    /// Resource`); none: no RPSTs.
+    pub impersonating_resource: Option<String>,
+    /// `clockSkewSeconds` allowed on `exp` and `nbf`.
+    pub clock_skew_secs: u64,
+}
+
+impl Default for TrustSeed {
+    fn default() -> Self {
+        Self {
+            name: "k8s".into(),
+            issuer: crate::SERVICE_ACCOUNT_ISSUER.into(),
+            active: true,
+            public_keys: TrustKeys::Endpoint,
+            oauth_clients: Vec::new(),
+            instance_tenancies: Vec::new(),
+            client_claim_values: Vec::new(),
+            impersonation_service_users: Vec::new(),
+            impersonating_resource: Some("k8sworkload".into()),
+            clock_skew_secs: 0,
+        }
+    }
+}
+
+/// One rule of `impersonationServiceUsers`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImpersonationRule {
+    /// `<claim> eq <value>` (`*` in the value matches anything) or `<claim> co <value>`; the
+    /// value bare or in single quotes.
+    pub rule: String,
+    /// The service user's id.
+    pub value: String,
 }

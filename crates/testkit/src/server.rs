@@ -412,6 +412,10 @@ async fn dispatch(
         Fault::Body(b) => {
             Reply::json(StatusCode::OK, &serde_json::Value::Null).with_body(b.clone())
         }
+        Fault::OAuth { status, error } => Reply::json(
+            StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST),
+            &serde_json::json!({"error": error, "error_description": "injected fault"}),
+        ),
         _ => handlers::handle(&shared, endpoint, &parts, &body, &rid).await,
     };
     let reply = match &fault {

@@ -43,6 +43,20 @@ pub enum Principal {
         /// Instance OCID.
         instance_id: String,
     },
+    /// A Kubernetes service account federated by the identity domain (a session token of
+    /// its token exchange).
+    Federated {
+        /// Namespace (from the subject token's `sub`).
+        namespace: String,
+        /// Service account name.
+        service_account: String,
+        /// `upst` or `rpst`.
+        token_type: String,
+        /// What policies name: the service user's id (UPST) or the subject (RPST).
+        name: String,
+        /// Who exchanged: the confidential application's id, or `instance:<ocid>`.
+        client: String,
+    },
 }
 
 impl Principal {
@@ -55,6 +69,11 @@ impl Principal {
                 ..
             } => format!("sa:{namespace}/{service_account}"),
             Principal::Instance { instance_id, .. } => format!("instance:{instance_id}"),
+            Principal::Federated {
+                namespace,
+                service_account,
+                ..
+            } => format!("sa:{namespace}/{service_account}"),
         }
     }
 
@@ -72,6 +91,7 @@ impl Principal {
             Principal::Instance { tenancy, .. } => {
                 access.instance_tenancies.iter().any(|t| t == tenancy)
             }
+            Principal::Federated { name, .. } => access.federated.iter().any(|f| f == name),
         }
     }
 }
@@ -127,6 +147,8 @@ pub(crate) enum TokenKind {
     Kube,
     Rpst,
     Instance,
+    /// The identity domain's session tokens: verified with their own `jwk` claim.
+    Federated,
 }
 
 #[derive(Debug, Clone)]
@@ -212,6 +234,10 @@ pub(crate) struct State {
     /// The service-account issuer's keys, oldest first: the last signs new Kubernetes
     /// tokens, all are published (as an API server verifying with old keys does).
     pub(crate) issuer_keys: Vec<Arc<JwtSigner>>,
+    /// The issuer's keys at start: what a trust with a `publicCertificate` knows.
+    pub(crate) pinned_issuer_keys: Vec<Arc<JwtSigner>>,
+    /// The identity domain's applications and trusts.
+    pub(crate) identity_domain: crate::seed::IdentityDomainSeed,
     pub(crate) http1_only: BTreeSet<Endpoint>,
     pub(crate) idle_timeout: BTreeMap<Endpoint, Duration>,
     /// Emulator time = base clock + offset (`true` = ahead).
@@ -383,6 +409,8 @@ impl Shared {
             host_faults: BTreeMap::new(),
             issuer_faults: FaultPlan::default(),
             issuer_keys: vec![jwt.clone()],
+            pinned_issuer_keys: vec![jwt.clone()],
+            identity_domain: seed.identity_domain.clone(),
             http1_only: BTreeSet::new(),
             idle_timeout: BTreeMap::new(),
             clock_offset: (true, Duration::ZERO),
@@ -458,7 +486,9 @@ impl Shared {
         }
         let token = match kind {
             TokenKind::Kube => self.issuer_key().sign(&claims)?,
-            TokenKind::Rpst | TokenKind::Instance => self.jwt.sign(&claims)?,
+            TokenKind::Rpst | TokenKind::Instance | TokenKind::Federated => {
+                self.jwt.sign(&claims)?
+            }
         };
         self.state().tokens.insert(
             token.clone(),
@@ -491,7 +521,7 @@ impl Shared {
         }
         let verified = match record.kind {
             TokenKind::Kube => self.state().issuer_keys.iter().any(|k| k.verify(token)),
-            TokenKind::Rpst | TokenKind::Instance => self.jwt.verify(token),
+            TokenKind::Rpst | TokenKind::Instance | TokenKind::Federated => self.jwt.verify(token),
         };
         if !verified {
             return Err("token signature is invalid".into());

@@ -24,19 +24,22 @@ pub enum Endpoint {
     Imds,
     /// OCI Certificates retrieval API (HTTPS).
     Certificates,
+    /// An OCI identity domain's OAuth token endpoint: workload identity federation (HTTPS).
+    IdentityDomain,
     /// OCI Vault (secret management) API: ListSecrets (HTTPS).
     Vaults,
 }
 
 impl Endpoint {
     /// All endpoints.
-    pub const ALL: [Endpoint; 7] = [
+    pub const ALL: [Endpoint; 8] = [
         Endpoint::Secrets,
         Endpoint::Auth,
         Endpoint::Proxymux,
         Endpoint::Kube,
         Endpoint::Imds,
         Endpoint::Certificates,
+        Endpoint::IdentityDomain,
         Endpoint::Vaults,
     ];
 
@@ -55,6 +58,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Kube => "kube",
             Endpoint::Imds => "imds",
             Endpoint::Certificates => "certificates",
+            Endpoint::IdentityDomain => "identity_domain",
             Endpoint::Vaults => "vaults",
         })
     }
@@ -96,6 +100,10 @@ pub struct Stats {
     pub token_requests: BTreeMap<WorkloadRef, u64>,
     /// Successful federation calls.
     pub federations: u64,
+    /// Successful token exchanges at the identity domain, per service account.
+    pub token_exchanges: BTreeMap<WorkloadRef, u64>,
+    /// Token exchanges the identity domain refused, by OAuth `error`.
+    pub token_exchange_refusals: BTreeMap<String, u64>,
     /// Requests for the service-account issuer's discovery document
     /// (`/.well-known/openid-configuration` at the Kubernetes endpoint), faulted ones
     /// included.
@@ -157,6 +165,30 @@ impl Stats {
     /// All TokenRequests.
     pub fn total_token_requests(&self) -> u64 {
         self.token_requests.values().sum()
+    }
+
+    /// Token exchanges of a service account at the identity domain.
+    pub fn token_exchanges(&self, namespace: &str, service_account: &str) -> u64 {
+        self.token_exchanges
+            .get(&WorkloadRef {
+                namespace: namespace.into(),
+                service_account: service_account.into(),
+            })
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// All token exchanges at the identity domain.
+    pub fn total_token_exchanges(&self) -> u64 {
+        self.token_exchanges.values().sum()
+    }
+
+    /// Token exchanges the identity domain refused with `error`.
+    pub fn token_exchange_refusals(&self, error: &str) -> u64 {
+        self.token_exchange_refusals
+            .get(error)
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -44,6 +44,12 @@ impl Session {
     fn usable(&self, now: SystemTime) -> bool {
         !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
     }
+
+    /// What it signs with (also the identity domain's token exchanges, when the instance
+    /// principal authenticates them).
+    pub(super) fn key(&self) -> &SigningKey {
+        &self.key
+    }
 }
 
 pub(super) async fn establish(
@@ -76,40 +82,7 @@ impl std::fmt::Debug for Renewal {
 
 impl crate::session::Renew for Renewal {
     fn invalidate<'a>(&'a self, rejected: &'a KeyId) -> BoxFuture<'a, Invalidated> {
-        Box::pin(async move {
-            let inner = &self.0;
-            // No session cached: a renewal dropped it and is federating (the cache's single
-            // flight joins it), or it expired (then the renewal is the one any mount makes).
-            let Some(session) = inner.instance.get(&()).await else {
-                return Invalidated::Replaced;
-            };
-            if session.key.key_id().expose_secret() != rejected.expose_secret() {
-                return Invalidated::Replaced;
-            }
-            let now = inner.now();
-            // The check and the drop under one lock: of a burst of 401s for one token,
-            // exactly one drops it and the others join its renewal.
-            let mut renewed = super::lock(&inner.instance_renewed);
-            if session.invalidated.load(Ordering::Relaxed) {
-                return Invalidated::Replaced;
-            }
-            if let Some(ago) = renewed.and_then(|at| now.duration_since(at).ok())
-                && ago < INSTANCE_RENEWAL_COOL_DOWN
-            {
-                tracing::debug!(
-                    ?ago,
-                    "instance session kept after a 401: renewed moments ago"
-                );
-                return Invalidated::CoolingDown {
-                    ago,
-                    cool_down: INSTANCE_RENEWAL_COOL_DOWN,
-                };
-            }
-            *renewed = Some(now);
-            session.invalidated.store(true, Ordering::Relaxed);
-            tracing::debug!("instance session invalidated after a 401 from oci");
-            Invalidated::Dropped
-        })
+        Box::pin(invalidate(&self.0, rejected))
     }
 
     fn renew(
@@ -124,8 +97,47 @@ impl crate::session::Renew for Renewal {
     }
 }
 
+/// OCI (or an identity domain) refused `rejected`: the node's instance session is dropped,
+/// unless another request already did or it was renewed within the cool-down.
+pub(super) async fn invalidate(inner: &Inner, rejected: &KeyId) -> Invalidated {
+    // No session cached: a renewal dropped it and is federating (the cache's single
+    // flight joins it), or it expired (then the renewal is the one any mount makes).
+    let Some(session) = inner.instance.get(&()).await else {
+        return Invalidated::Replaced;
+    };
+    if session.key.key_id().expose_secret() != rejected.expose_secret() {
+        return Invalidated::Replaced;
+    }
+    let now = inner.now();
+    // The check and the drop under one lock: of a burst of 401s for one token, exactly
+    // one drops it and the others join its renewal.
+    let mut renewed = super::lock(&inner.instance_renewed);
+    if session.invalidated.load(Ordering::Relaxed) {
+        return Invalidated::Replaced;
+    }
+    if let Some(ago) = renewed.and_then(|at| now.duration_since(at).ok())
+        && ago < INSTANCE_RENEWAL_COOL_DOWN
+    {
+        tracing::debug!(
+            ?ago,
+            "instance session kept after a 401: renewed moments ago"
+        );
+        return Invalidated::CoolingDown {
+            ago,
+            cool_down: INSTANCE_RENEWAL_COOL_DOWN,
+        };
+    }
+    *renewed = Some(now);
+    session.invalidated.store(true, Ordering::Relaxed);
+    tracing::debug!("instance session invalidated after a 401");
+    Invalidated::Dropped
+}
+
 /// The cached session while it is fresh, else one federation (single flight).
-async fn session(inner: &Inner, deadline: tokio::time::Instant) -> Result<Session, AuthError> {
+pub(super) async fn session(
+    inner: &Inner,
+    deadline: tokio::time::Instant,
+) -> Result<Session, AuthError> {
     let (session, _) = inner
         .instance
         .get_or_fetch(

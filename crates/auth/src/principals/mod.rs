@@ -1,10 +1,15 @@
 //! The three principals behind one façade: [`Principals::establish`] finds (or renews) the
 //! credential of one mount's identity and answers with a [`Session`] that signs the mount's
-//! requests and renews itself through the principal that made it.
+//! requests and renews itself through the principal that made it. Workload identity has two
+//! mechanisms, the node's choice: OKE's proxymux, or an identity domain's token exchange.
 
+mod federation;
 mod instance;
 mod keyload;
+mod proxymux;
 mod user;
+
+pub use federation::{ClientAuth, ClientSecret, FederationConfig, TokenType, WorkloadMechanism};
 
 #[cfg(feature = "test-support")]
 pub use user::load_user_secret_for_tests;
@@ -83,6 +88,8 @@ pub struct PrincipalsConfig {
     pub token_request: bool,
     /// `expirationSeconds` of those TokenRequests (the Go provider asks for 900).
     pub token_request_expiration: Duration,
+    /// What serves `authType: workload`: OKE's proxymux, or an identity domain.
+    pub workload_mechanism: WorkloadMechanism,
     /// User principals' private keys loaded (decrypted) at once, process-wide.
     pub max_concurrent_key_loads: usize,
     /// How long a key load waits for its turn before the mount gets `Unavailable`.
@@ -106,6 +113,7 @@ impl Default for PrincipalsConfig {
             workload_audience: String::new(),
             token_request: true,
             token_request_expiration: Duration::from_secs(900),
+            workload_mechanism: WorkloadMechanism::Oke,
             max_concurrent_key_loads: 1,
             key_load_wait: Duration::from_secs(10),
         }
@@ -318,6 +326,9 @@ struct Inner {
     key_gate: crate::tenant_keys::TenantKeys,
     failed_keys: keyload::FailedLoads,
     workloads: Cache<(String, String), workload::Session>,
+    /// The kind of workload session tokens (`rpst`, or the identity domain's `upst`): the
+    /// `kind` of their cache and counters.
+    workload_kind: &'static str,
     /// The cluster's service-account issuer, which proves the tokens mounts supply.
     issuer: crate::issuer::Issuer,
     instance: Cache<(), instance::Session>,
@@ -340,18 +351,19 @@ impl fmt::Debug for Principals {
 }
 
 impl Principals {
-    /// The counters of the three credential caches, by kind (`user`, `rpst`, `instance`).
+    /// The counters of the three credential caches, by kind (`user`, `rpst` or `upst`,
+    /// `instance`).
     pub fn cache_stats(&self) -> [(&'static str, CacheStats); 3] {
         let inner = &self.inner;
         [
             ("user", inner.users.stats()),
-            ("rpst", inner.workloads.stats()),
+            (inner.workload_kind, inner.workloads.stats()),
             ("instance", inner.instance.stats()),
         ]
     }
 
-    /// Credential fetches so far: (kind `rpst` | `instance` | `user`, `exchange` | `refresh`,
-    /// `ok` | `error`) → count.
+    /// Credential fetches so far: (kind `rpst` | `upst` | `instance` | `user`, `exchange` |
+    /// `refresh`, `ok` | `error`) → count.
     pub fn credential_fetches(&self) -> Vec<((&'static str, &'static str, &'static str), u64)> {
         lock(&self.inner.fetches)
             .iter()
@@ -437,7 +449,8 @@ impl Principals {
             clock.clone(),
         );
         let users = credential_cache("user", Some(config.user_secret_ttl), &clock);
-        let workloads = credential_cache("rpst", None, &clock);
+        let workload_kind = config.workload_mechanism.kind();
+        let workloads = credential_cache(workload_kind, None, &clock);
         let instance = credential_cache("instance", None, &clock);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -451,6 +464,7 @@ impl Principals {
                 kube,
                 users,
                 workloads,
+                workload_kind,
                 issuer,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),
@@ -487,7 +501,7 @@ impl Inner {
         self.clock.now()
     }
 
-    /// Runs one credential fetch (`kind`: `rpst`, `instance`, `user`), counting it as an
+    /// Runs one credential fetch (`kind`: `rpst`, `upst`, `instance`, `user`), counting it as an
     /// exchange or a refresh (a stale credential was replaced) with its result.
     async fn counted<T>(
         &self,
@@ -547,6 +561,15 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What an exchange of a workload's service-account token answers: the session token, its
+/// expiry, from when it is refreshed, and the session key it is bound to.
+pub(super) struct Exchanged {
+    pub(super) token: zeroize::Zeroizing<String>,
+    pub(super) exp: SystemTime,
+    pub(super) refresh_at: SystemTime,
+    pub(super) key: Arc<crate::PrivateKey>,
+}
+
 /// Whether a token expiring at `exp` (seconds since the epoch) is still good at `now`.
 pub(crate) fn fresh(exp: SystemTime, now: SystemTime) -> bool {
     exp > now + REFRESH_MARGIN
@@ -574,8 +597,16 @@ pub(crate) fn fuzz_check_token(
 
 #[cfg(test)]
 pub(crate) fn fuzz_proxymux_reply(body: &[u8]) -> Result<(), &'static str> {
-    workload::parse_proxymux_reply(body).map(|_| ())
+    proxymux::parse_proxymux_reply(body).map(|_| ())
 }
+
+#[cfg(test)]
+pub(crate) fn fuzz_exchange_answer(body: &[u8], now: SystemTime) -> Result<(), &'static str> {
+    federation::answer(body, now).map(|_| ())
+}
+
+#[cfg(test)]
+pub(crate) use federation::fuzz_refusal as fuzz_exchange_refusal;
 
 #[cfg(test)]
 pub(crate) fn fuzz_tenancy(der: &[u8]) -> Option<String> {

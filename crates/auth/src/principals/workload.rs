@@ -1,32 +1,32 @@
-//! OKE workload identity (spec 3): the pod's service-account token, exchanged at the
-//! proxymux for an RPST bound to a fresh session key; cached per identity.
+//! Workload identity: the pod's service-account token (the mount's own, proven, or one the
+//! provider requests bound to the pod), exchanged for a session token bound to a fresh
+//! session key by the node's mechanism (OKE's proxymux, spec 3, or an identity domain's
+//! token exchange, `federation`); one session per (namespace, service account), cached,
+//! single flight, renewed after a 401.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderValue, Method, Request, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
-use zeroize::Zeroizing;
 
-use super::{IdentityRequest, Inner, fresh, session_key};
-use crate::error::{AuthError, Endpoint};
+use super::{IdentityRequest, Inner, WorkloadMechanism, fresh};
+use crate::error::AuthError;
 use crate::issuer::{NBF_LEEWAY, Refusal, Unverified};
-use crate::remote::{build, error_detail, opc_request_id, send};
 use crate::session::Invalidated;
 use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, Identity, jwt};
 
-/// A workload's RPST with its session key, and what is needed to renew it.
+/// A workload's session token (an RPST, or the identity domain's UPST or RPST) with its
+/// session key, and what is needed to renew it.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
     pub(crate) identity: Identity,
     credential: Credential,
     key: SigningKey,
     exp: SystemTime,
+    /// From when a mount exchanges again rather than use it (the mechanism says).
+    refresh_at: SystemTime,
     /// The service-account token last exchanged, reused for a renewal while it is valid.
     sa_token: SecretString,
     sa_exp: SystemTime,
@@ -51,7 +51,7 @@ impl cache::CacheValue for Session {
 
 impl Session {
     fn usable(&self, now: SystemTime) -> bool {
-        !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
+        !self.invalidated.load(Ordering::Relaxed) && now < self.refresh_at
     }
 }
 
@@ -195,7 +195,7 @@ pub(super) async fn establish(
             |stale| {
                 let (source, pod) = (source.clone(), pod.clone());
                 let refresh = stale.is_some();
-                inner.counted("rpst", refresh, async move {
+                inner.counted(inner.workload_kind, refresh, async move {
                     let (token, info) = match source {
                         Source::Supplied(token, info) => (token, info),
                         Source::Request(bind_to) => {
@@ -332,7 +332,8 @@ impl crate::session::Renew for Renewal {
     }
 
     fn count(&self, invalidated: &Invalidated) {
-        self.inner.count_renewal("rpst", invalidated);
+        self.inner
+            .count_renewal(self.inner.workload_kind, invalidated);
     }
 }
 
@@ -370,7 +371,7 @@ async fn renew(
                 let current = stale
                     .filter(|s| &s.identity == identity)
                     .unwrap_or_else(|| current.clone());
-                inner.counted("rpst", true, async move {
+                inner.counted(inner.workload_kind, true, async move {
                     // The token of the session was proven when it was established (or
                     // came from a TokenRequest): its claims are read again for its expiry.
                     let (token, info) = if fresh(current.sa_exp, inner.now()) {
@@ -444,15 +445,7 @@ async fn request_token(
     Ok((token, info))
 }
 
-fn proxymux_url(inner: &Inner) -> Result<String, AuthError> {
-    inner.config.proxymux_url().ok_or_else(|| {
-        AuthError::Config(
-            "workload identity needs the proxymux url or KUBERNETES_SERVICE_HOST".into(),
-        )
-    })
-}
-
-/// One proxymux exchange (spec 3.3, 3.4) with a fresh session key.
+/// One exchange of `token` by the node's mechanism, with a fresh session key.
 async fn exchange(
     inner: &Inner,
     namespace: &str,
@@ -462,105 +455,27 @@ async fn exchange(
     pod: Option<(String, String)>,
     deadline: tokio::time::Instant,
 ) -> Result<Session, AuthError> {
-    let operation = format!("the token exchange of service account {namespace}/{service_account}");
-    let malformed = |reason: &str| AuthError::MalformedResponse {
-        endpoint: Endpoint::Proxymux,
-        operation: operation.clone(),
-        reason: reason.to_owned(),
+    let who = (namespace, service_account);
+    let exchanged = match &inner.config.workload_mechanism {
+        WorkloadMechanism::Oke => super::proxymux::exchange(inner, who, &token, deadline).await?,
+        WorkloadMechanism::Federation(config) => {
+            super::federation::exchange(inner, config, who, &token, deadline).await?
+        }
     };
-    let session_key = session_key().await?;
-    let body = serde_json::json!({ "podKey": session_key.public_key_pem() }).to_string();
-    let bearer = Zeroizing::new(format!("Bearer {}", token.expose_secret()));
-    let mut bearer =
-        HeaderValue::from_str(&bearer).map_err(|_| AuthError::InvalidServiceAccountToken {
-            namespace: namespace.to_owned(),
-            service_account: service_account.to_owned(),
-            reason: "it is not a valid header value",
-        })?;
-    bearer.set_sensitive(true);
-    let request = build(
-        Request::builder()
-            .method(Method::POST)
-            .uri(format!(
-                "{}/resourcePrincipalSessionTokens",
-                proxymux_url(inner)?
-            ))
-            .header(AUTHORIZATION, bearer)
-            .header(CONTENT_TYPE, "application/json")
-            // Zeros if the RNG fails: the id is for correlation only.
-            .header(
-                "opc-request-id",
-                opc_request_id(3).unwrap_or_else(|| vec!["0".repeat(32); 3].join("/")),
-            ),
-        body,
-    )?;
-    let response = send(
-        &inner.http,
-        request,
-        deadline,
-        Endpoint::Proxymux,
-        &operation,
-    )
-    .await?;
-    if response.status() != StatusCode::OK {
-        return Err(AuthError::Status {
-            endpoint: Endpoint::Proxymux,
-            operation,
-            status: response.status().as_u16(),
-            detail: error_detail(response.body()),
-        });
-    }
-    let (rpst, exp) = parse_proxymux_reply(response.body()).map_err(malformed)?;
-    let rpst = rpst.as_str();
     let credential = Credential::Workload {
         namespace: namespace.to_owned(),
         service_account: service_account.to_owned(),
         service_account_uid: info.uid,
     };
-    let identity = credential.identity();
-    tracing::info!(%identity, "exchanged a service-account token for a resource principal session token");
     Ok(Session {
-        identity,
+        identity: credential.identity(),
         credential,
-        key: SigningKey::new(KeyId::security_token(rpst), Arc::clone(&session_key)),
-        exp,
+        key: SigningKey::new(KeyId::security_token(&exchanged.token), exchanged.key),
+        exp: exchanged.exp,
+        refresh_at: exchanged.refresh_at,
         sa_token: token,
         sa_exp: info.exp,
         pod,
         invalidated: Arc::new(AtomicBool::new(false)),
     })
-}
-
-/// The proxymux answer: a JSON string literal around standard Base64 of
-/// `{"token":"ST$<rpst>"}`; the RPST (a JWT with `exp` and `res_tenant`) and its expiry.
-/// Failures are described, never quoted (the body holds a token).
-pub(super) fn parse_proxymux_reply(
-    body: &[u8],
-) -> Result<(Zeroizing<String>, SystemTime), &'static str> {
-    let quoted = body.len() >= 2 && body.first() == Some(&b'"') && body.last() == Some(&b'"');
-    if !quoted {
-        return Err("the body is not a quoted string");
-    }
-    let decoded = Zeroizing::new(
-        STANDARD
-            .decode(&body[1..body.len() - 1])
-            .map_err(|_| "the body is not base64")?,
-    );
-    let object: serde_json::Map<String, serde_json::Value> =
-        bounded::json::from_slice(&decoded, &bounded::ParseBudget::new(decoded.len()))
-            .map_err(|_| "the decoded body is not a json object")?;
-    let token = object
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("token"))
-        .and_then(|(_, v)| v.as_str())
-        .filter(|t| t.len() >= 3)
-        .ok_or("no token member")?;
-    // The SDK strips the first three characters (`ST$`) without looking at them.
-    let rpst = token.get(3..).ok_or("the token is not text")?;
-    let claims = jwt::claims(rpst)?;
-    let exp = jwt::exp(&claims)?;
-    if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
-        return Err("the token has no res_tenant claim");
-    }
-    Ok((Zeroizing::new(rpst.to_owned()), exp))
 }

@@ -27,19 +27,19 @@ const VAULT: &str = "ocid1.vault.oc1..v";
 const SECRET: &str = "db-password";
 const TENANCY: &str = "ocid1.tenancy.oc1..aaaaaaaausertenancy";
 const USER: &str = "ocid1.user.oc1..aaaaaaaauser";
-const NS: &str = "app";
-const SA: &str = "app-sa";
-const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const NS: &str = "app";
+pub(crate) const SA: &str = "app-sa";
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
-struct Fixture {
-    emu: Emulator,
-    clock: Arc<ManualClock>,
-    http: HttpService,
-    principals: Principals,
+pub(crate) struct Fixture {
+    pub(crate) emu: Emulator,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) http: HttpService,
+    pub(crate) principals: Principals,
 }
 
 /// A clock on a whole second, so token `exp` claims (whole seconds) line up exactly.
-fn clock() -> Arc<ManualClock> {
+pub(crate) fn clock() -> Arc<ManualClock> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -47,7 +47,7 @@ fn clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(UNIX_EPOCH + Duration::from_secs(now)))
 }
 
-fn base_seed() -> Seed {
+pub(crate) fn base_seed() -> Seed {
     let mut seed = Seed::default().vault(VAULT).service_account(NS, SA);
     let mut secret = SecretSeed::new("ocid1.vaultsecret.oc1..s", VAULT, SECRET)
         .version(1, "hunter2", &["CURRENT", "LATEST"])
@@ -62,7 +62,10 @@ fn base_seed() -> Seed {
     seed.secret(secret)
 }
 
-async fn start(seed: Seed, tweak: impl FnOnce(&mut PrincipalsConfig, &Emulator)) -> Fixture {
+pub(crate) async fn start(
+    seed: Seed,
+    tweak: impl FnOnce(&mut PrincipalsConfig, &Emulator),
+) -> Fixture {
     let clock = clock();
     let shared: SharedClock = clock.clone();
     let emu = Emulator::start(seed, shared.clone()).await.unwrap();
@@ -101,11 +104,11 @@ async fn start(seed: Seed, tweak: impl FnOnce(&mut PrincipalsConfig, &Emulator))
     }
 }
 
-fn deadline() -> tokio::time::Instant {
+pub(crate) fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + WAIT
 }
 
-fn request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
+pub(crate) fn request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
     IdentityRequest {
         kind,
         namespace: Some(NS.into()),
@@ -118,7 +121,7 @@ fn request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
     }
 }
 
-fn with_token(mut request: IdentityRequest, token: String) -> IdentityRequest {
+pub(crate) fn with_token(mut request: IdentityRequest, token: String) -> IdentityRequest {
     request
         .service_account_tokens
         .insert(String::new(), SecretString::from(token));
@@ -127,11 +130,14 @@ fn with_token(mut request: IdentityRequest, token: String) -> IdentityRequest {
 
 /// A signed GetSecretBundleByName (spec 2.2) through the signing layer over the transport,
 /// carrying the mount's session.
-async fn get_by_name(fx: &Fixture, established: &Established) -> Result<Response<Bytes>, BoxError> {
+pub(crate) async fn get_by_name(
+    fx: &Fixture,
+    established: &Established,
+) -> Result<Response<Bytes>, BoxError> {
     get_by_name_by(fx, established, deadline()).await
 }
 
-async fn get_by_name_by(
+pub(crate) async fn get_by_name_by(
     fx: &Fixture,
     established: &Established,
     by: tokio::time::Instant,
@@ -151,7 +157,7 @@ async fn get_by_name_by(
 }
 
 /// A signed GetSecretBundle (GET).
-async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
+pub(crate) async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
     let service = SigningLayer::new(fx.clock.clone()).layer(fx.http.clone());
     let mut request = Request::builder()
         .method(Method::GET)
@@ -166,14 +172,14 @@ async fn get_by_id(fx: &Fixture, established: &Established) -> Response<Bytes> {
 }
 
 /// OCI refuses the next `n` Secrets calls with a 401 (a revoked token or a rotated key).
-fn refuse_next(fx: &Fixture, n: usize) {
+pub(crate) fn refuse_next(fx: &Fixture, n: usize) {
     fx.emu.script(
         Endpoint::Secrets,
         std::iter::repeat_n(Fault::Status(401), n),
     );
 }
 
-fn auth_error(error: BoxError) -> AuthError {
+pub(crate) fn auth_error(error: BoxError) -> AuthError {
     *error.downcast::<AuthError>().expect("an AuthError")
 }
 
@@ -1259,7 +1265,7 @@ async fn the_sync_controllers_tokens_are_verified_too() {
     assert_eq!(verified(&fx, "refused", None), 3);
 }
 
-trait NowForTest {
+pub(crate) trait NowForTest {
     fn now_for_test(&self) -> SystemTime;
 }
 
@@ -1402,7 +1408,7 @@ async fn a_driver_mount_naming_no_pod_gets_no_unbound_token_request() {
 
 /// A mount from the secrets-store-sync-controller: its own pod in its own namespace, the
 /// SecretSync's namespace and service account.
-fn sync_request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
+pub(crate) fn sync_request(kind: PrincipalKind, service_account: &str) -> IdentityRequest {
     IdentityRequest {
         pod_name: Some("secrets-store-sync-controller-manager-5d4f".into()),
         pod_uid: Some("c0ffee00-0000-4000-8000-000000000001".into()),

@@ -95,3 +95,43 @@ provider's `[auth] allowed_types` reads it from the environment: "[workload, use
 {{- end -}}
 [{{ join ", " $allowed }}]
 {{- end -}}
+
+{{/*
+Workload identity federation's settings, checked: "" when it is off, else "on". Fails
+naming the value to set when the provider could not start with them.
+*/}}
+{{- define "oci-provider.federation" -}}
+{{- $workload := .Values.provider.oci.auth.types.workload -}}
+{{- $f := $workload.federation -}}
+{{- if and $workload.enabled $f.enabled -}}
+{{- $at := "provider.oci.auth.types.workload.federation" -}}
+{{- if not $f.domainUrl -}}
+{{- fail (printf "%s.enabled needs domainUrl: the identity domain's URL (https://idcs-<id>.identity.oraclecloud.com)" $at) -}}
+{{- end -}}
+{{- if not $f.audience -}}
+{{- fail (printf "%s.enabled needs audience: the service-account token audience the identity propagation trust pins (clientClaimValues)" $at) -}}
+{{- end -}}
+{{- if and $f.useInstancePrincipal (or $f.clientId $f.clientSecret.name) -}}
+{{- fail (printf "%s.useInstancePrincipal signs the exchanges with the node's instance principal: leave clientId and clientSecret.name empty" $at) -}}
+{{- end -}}
+{{- if and (not $f.useInstancePrincipal) (not (and $f.clientId $f.clientSecret.name)) -}}
+{{- fail (printf "%s needs clientId and clientSecret.name (a Secret in namespace %s), or useInstancePrincipal: true" $at .Release.Namespace) -}}
+{{- end -}}
+{{- $rpst := eq $f.requestedTokenType "urn:oci:token-type:oci-rpst" -}}
+{{- if and $rpst (not $f.resourceType) -}}
+{{- fail (printf "%s.requestedTokenType oci-rpst needs resourceType: the trust's impersonatingResource" $at) -}}
+{{- end -}}
+{{- if and (not $rpst) $f.resourceType -}}
+{{- fail (printf "%s.resourceType is for oci-rpst only" $at) -}}
+{{- end -}}
+{{- $driver := index .Values "secrets-store-csi-driver" -}}
+{{- if and $driver.install (not $workload.tokenRequest) -}}
+{{- $asked := false -}}
+{{- range $driver.tokenRequests }}{{ if eq .audience $f.audience }}{{ $asked = true }}{{ end }}{{ end -}}
+{{- if not $asked -}}
+{{- fail (printf "%s.audience %q is not in secrets-store-csi-driver.tokenRequests and tokenRequest is false: no mount would have a token; add - audience: %q" $at $f.audience $f.audience) -}}
+{{- end -}}
+{{- end -}}
+on
+{{- end -}}
+{{- end -}}
