@@ -42,6 +42,8 @@ pub struct Seed {
     pub certificate_authorities: Vec<crate::certs::CaSeed>,
     /// CA bundles (each holds the emulator's issuing CA and root).
     pub ca_bundles: Vec<crate::certs::CaSeed>,
+    /// Kubernetes Nodes (their taints), readable and patchable through the Kubernetes API.
+    pub nodes: Vec<crate::nodes::NodeSeed>,
 }
 
 impl Default for Seed {
@@ -64,6 +66,7 @@ impl Default for Seed {
             certificates: Vec::new(),
             certificate_authorities: Vec::new(),
             ca_bundles: Vec::new(),
+            nodes: Vec::new(),
         }
     }
 }
@@ -94,6 +97,12 @@ impl Seed {
             name: name.into(),
             uid: String::new(),
         });
+        self
+    }
+
+    /// Adds a Kubernetes Node.
+    pub fn node(mut self, node: crate::nodes::NodeSeed) -> Self {
+        self.nodes.push(node);
         self
     }
 

@@ -188,6 +188,8 @@ pub(crate) struct State {
     /// tokens, all are published (as an API server verifying with old keys does).
     pub(crate) issuer_keys: Vec<Arc<JwtSigner>>,
     pub(crate) http1_only: BTreeSet<Endpoint>,
+    /// Kubernetes Nodes, what the provider may not do to them, edits pending.
+    pub(crate) nodes: crate::nodes::Nodes,
     pub(crate) idle_timeout: BTreeMap<Endpoint, Duration>,
     /// Emulator time = base clock + offset (`true` = ahead).
     pub(crate) clock_offset: (bool, Duration),
@@ -338,6 +340,7 @@ impl Shared {
             issuer_faults: FaultPlan::default(),
             issuer_keys: vec![jwt.clone()],
             http1_only: BTreeSet::new(),
+            nodes: crate::nodes::Nodes::new(&seed.nodes, now),
             idle_timeout: BTreeMap::new(),
             clock_offset: (true, Duration::ZERO),
             lifetimes: seed.lifetimes.clone(),
