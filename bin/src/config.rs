@@ -232,6 +232,13 @@ pub struct ServerConfig {
     /// the provider's own; others are closed at accept with a warning. The driver and the
     /// sync controller's sidecar socket user run as root.
     pub allowed_peer_uids: Vec<u32>,
+    /// A startup taint's key: once the socket serves and the readiness self-check passes,
+    /// its `NoSchedule` and `NoExecute` taints are removed from this node (`node_name`)
+    /// through the Kubernetes API. `None` (the default): no node is touched.
+    pub remove_node_taint: Option<String>,
+    /// The node this provider runs on: `NODE_NAME`, from the downward API
+    /// (`fieldRef: spec.nodeName`).
+    pub node_name: Option<String>,
 }
 
 impl ServerConfig {
@@ -287,6 +294,8 @@ impl Default for ServerConfig {
             max_secrets_per_mount: 256,
             max_files_per_mount: 256,
             allowed_peer_uids: vec![0],
+            remove_node_taint: None,
+            node_name: None,
         }
     }
 }
@@ -410,6 +419,7 @@ impl Config {
     /// must be positive, how the budgets relate, the mount timeout and the region.
     fn validate(&self) -> Result<(), ConfigError> {
         self.validate_server()?;
+        self.validate_node_taint()?;
         self.validate_counts()?;
         self.validate_budgets()?;
         if self.server.mount_timeout_seconds == 0 {
@@ -459,6 +469,31 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// `--remove-node-taint`: a taint key as Kubernetes writes one, and the node's name.
+    fn validate_node_taint(&self) -> Result<(), ConfigError> {
+        let Some(key) = &self.server.remove_node_taint else {
+            return Ok(());
+        };
+        if let Err(why) = check_taint_key(key) {
+            return Err(ConfigError(format!(
+                "server.remove_node_taint (--remove-node-taint) {}: {why}",
+                bounded::quote(key)
+            )));
+        }
+        match self.server.node_name.as_deref() {
+            Some(node) if !node.is_empty() && node.len() <= 253 && !node.contains('/') => Ok(()),
+            Some(node) => Err(ConfigError(format!(
+                "server.node_name (NODE_NAME) {} is not a node name",
+                bounded::quote(node)
+            ))),
+            None => Err(ConfigError(
+                "server.remove_node_taint (--remove-node-taint) needs this node's name: set \
+                 NODE_NAME from the downward API (fieldRef: spec.nodeName), or server.node_name"
+                    .into(),
+            )),
+        }
     }
 
     /// Limits and sizes that are counts: none may be 0.
@@ -556,6 +591,39 @@ impl Config {
     }
 }
 
+/// A taint key as Kubernetes validates it (a qualified name): an optional DNS-subdomain
+/// prefix and `/`, then 1 to 63 characters, alphanumeric at both ends, `-`, `_` and `.`
+/// between.
+fn check_taint_key(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = key.rsplit_once('/').unwrap_or(("", key));
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name
+            .chars()
+            .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'));
+    if !name_ok {
+        return Err(
+            "not a taint key: a name of 1 to 63 letters, digits, '-', '_' or '.', \
+                    beginning and ending with a letter or digit, optionally after a DNS prefix and '/'",
+        );
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.starts_with(alnum)
+            && l.ends_with(alnum)
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    if key.contains('/') && (prefix.len() > 253 || !prefix.split('.').all(label_ok)) {
+        return Err("not a taint key: its prefix before '/' is not a lowercase DNS subdomain");
+    }
+    Ok(())
+}
+
 /// A figment provider over values from environment variables or flags, naming each
 /// variable or flag in errors.
 struct MapSource {
@@ -587,7 +655,8 @@ impl MapSource {
         map
     }
 
-    /// The variables the Go provider's SDK reads (spec 3.2, 4.1, 4.3), mapped to our keys.
+    /// The variables the Go provider's SDK reads (spec 3.2, 4.1, 4.3), and `NODE_NAME`,
+    /// mapped to our keys.
     fn sdk(env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let mut map = MapSource {
             name: "SDK environment variable",
@@ -614,7 +683,9 @@ impl MapSource {
                 "KUBERNETES_SERVICE_PORT",
             );
         }
-        let strings: [(&str, &[&str]); 6] = [
+        let strings: [(&str, &[&str]); 7] = [
+            // The downward API's conventional name for `spec.nodeName`.
+            ("NODE_NAME", &["server", "node_name"]),
             ("SSL_CERT_FILE", &["endpoints", "ssl_cert_file"]),
             ("OCI_RESOURCE_PRINCIPAL_REGION", &["region"]),
             (
@@ -912,6 +983,58 @@ mod tests {
             [provider::AuthType::Instance, provider::AuthType::Workload]
         );
         assert_eq!(sidecar.server.allowed_peer_uids, [0]);
+    }
+
+    #[test]
+    fn the_startup_taint_is_off_by_default_and_needs_a_taint_key_and_the_nodes_name() {
+        let config = Config::load(&flags(&[]), &env(&[("NODE_NAME", "worker-1")])).unwrap();
+        assert_eq!(config.server.remove_node_taint, None);
+        let node = env(&[("NODE_NAME", "worker-1")]);
+        for good in [
+            "x",
+            "A_b.c-9",
+            "node.cilium.io/agent-not-ready",
+            "startup-taint.cluster-autoscaler.kubernetes.io/oci-secrets-provider",
+        ] {
+            let flag = format!("--remove-node-taint={good}");
+            let config = Config::load(&flags(&[&flag]), &node).unwrap();
+            assert_eq!(config.server.remove_node_taint.as_deref(), Some(good));
+            assert_eq!(config.server.node_name.as_deref(), Some("worker-1"));
+        }
+        let long = "x".repeat(64);
+        for bad in [
+            "",
+            "-x",
+            "x-",
+            "x y",
+            "Node.Example.com/x",
+            "a/b/c",
+            "/x",
+            long.as_str(),
+        ] {
+            let flag = format!("--remove-node-taint={bad}");
+            let error = Config::load(&flags(&[&flag]), &node)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("server.remove_node_taint"),
+                "{bad:?}: {error}"
+            );
+        }
+        let error = Config::load(&flags(&["--remove-node-taint=x"]), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("NODE_NAME") && error.contains("spec.nodeName"),
+            "{error}"
+        );
+        let error = Config::load(
+            &flags(&["--remove-node-taint=x"]),
+            &env(&[("NODE_NAME", "a/b")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("not a node name"), "{error}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::process::{Output, Provider};
 mod admission;
 mod echoes;
 mod prometheus;
+mod taint;
 
 const NAMESPACE: &str = "storm";
 const VAULT: &str = "ocid1.vault.oc1.iad.e2e";
