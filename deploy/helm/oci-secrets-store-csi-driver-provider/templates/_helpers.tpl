@@ -23,11 +23,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* repository:tag, or repository@digest when a digest is given. */}}
+{{/* repository:tag, or repository:tag@digest when a digest is given (pulled by the digest;
+    the tag says which release it is, as `cargo xtask release` pins it). */}}
 {{- define "oci-provider.image" -}}
 {{- $image := .Values.provider.image -}}
 {{- if $image.digest -}}
-{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- printf "%s:%s@%s" $image.repository ($image.tag | default .Chart.AppVersion) $image.digest -}}
 {{- else -}}
 {{- printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
