@@ -115,6 +115,39 @@ fn jittered(backoff: Duration) -> Duration {
     backoff - backoff / 5 * u32::from(byte[0]) / 255
 }
 
+/// A taint key as Kubernetes validates it (a qualified name): an optional DNS-subdomain
+/// prefix and `/`, then 1 to 63 characters, alphanumeric at both ends, `-`, `_` and `.`
+/// between.
+pub(crate) fn check_key(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = key.rsplit_once('/').unwrap_or(("", key));
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name
+            .chars()
+            .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'));
+    if !name_ok {
+        return Err(
+            "not a taint key: a name of 1 to 63 letters, digits, '-', '_' or '.', \
+                    beginning and ending with a letter or digit, optionally after a DNS prefix and '/'",
+        );
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.starts_with(alnum)
+            && l.ends_with(alnum)
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    if key.contains('/') && (prefix.len() > 253 || !prefix.split('.').all(label_ok)) {
+        return Err("not a taint key: its prefix before '/' is not a lowercase DNS subdomain");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
