@@ -50,6 +50,32 @@ pub(crate) struct Package {
     dir: PathBuf,
 }
 
+impl Package {
+    /// `VERSION_ID` of the os-release this package ships (base-files does), for purls'
+    /// `distro` qualifier.
+    pub(crate) fn os_version_id(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.dir.join("usr/lib/os-release")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("VERSION_ID="))
+            .map(|v| v.trim_matches('"').to_owned())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_tests(name: &str, version: &str, source: Option<&str>) -> Self {
+        Self {
+            locked: Locked {
+                name: name.to_owned(),
+                version: version.to_owned(),
+                arch: "amd64".to_owned(),
+                sha256: "ab".repeat(32),
+            },
+            status: String::new(),
+            source: source.map(str::to_owned),
+            dir: PathBuf::new(),
+        }
+    }
+}
+
 /// The base layer's tree, its packages and what was stale about the lock.
 #[derive(Debug)]
 pub(crate) struct Base {

@@ -1,6 +1,7 @@
 //! `cargo xtask image`: the provider's OCI image, written here without a container engine:
-//! a base layer from Debian packages (checked against `xtask/image/debian.lock`) and an app
-//! layer with the release binary and LICENSE, as an OCI image layout and an oci-archive.
+//! a base layer from Debian packages (checked against `xtask/image/debian-<arch>.lock`) and
+//! an app layer with the release binary and LICENSE, as an OCI image layout and an
+//! oci-archive.
 //! Reproducible: the same commit, binary and lock give the same digest.
 //!
 //! `--run-test` then checks it as a runtime would use it (`runtime.rs`).
@@ -23,8 +24,10 @@ use crate::procs::root;
 
 /// Where the chart and the sync-controller block pull the image from.
 pub(crate) const REPOSITORY: &str = "ghcr.io/oci-vault-csi/oci-secrets-store-csi-driver-provider";
-/// The lock of the base layer's Debian packages.
-pub(crate) const LOCK: &str = "xtask/image/debian.lock";
+/// The lock of the base layer's Debian packages for an architecture (`amd64`, `arm64`).
+pub(crate) fn lock_path(root: &Path, arch: &str) -> PathBuf {
+    root.join(format!("xtask/image/debian-{arch}.lock"))
+}
 /// As the Dockerfile has it: root, for the socket in the hostPath directory (the chart
 /// drops every capability and makes the root filesystem read-only).
 const USER: &str = "0:0";
@@ -36,7 +39,8 @@ Writes the provider's OCI image for this machine's architecture into DIR (defaul
 target/image): layout/ (an OCI image layout, tagged with the workspace version) and
 oci-secrets-store-csi-driver-provider-<version>.oci.tar (the same as an oci-archive).
   --binary PATH   the release binary to package (default: `cargo build --release --locked`)
-  --update-lock   take the archive's current Debian packages and rewrite xtask/image/debian.lock
+  --update-lock   take the archive's current Debian packages and rewrite
+                  xtask/image/debian-<arch>.lock
   --run-test      build twice (one digest), check with skopeo, umoci and the image-spec
                   schemas, then run it under runc: --version, /healthz, /readyz, a Mount
                   through the socket against the emulator, SIGTERM
@@ -179,10 +183,11 @@ pub(crate) fn build(options: &Options) -> anyhow::Result<Built> {
     let root = &options.root;
     let (revision, epoch) = commit(root)?;
     let created = rfc3339(epoch);
+    let arch = architecture()?;
     let base = debian::base(
         &options.binary,
         &options.cache,
-        &root.join(LOCK),
+        &lock_path(root, arch),
         options.mode,
     )?;
     for warning in &base.warnings {
@@ -213,7 +218,6 @@ pub(crate) fn build(options: &Options) -> anyhow::Result<Built> {
         "org.opencontainers.image.licenses": "Apache-2.0",
         "org.opencontainers.image.created": created,
     });
-    let arch = architecture()?;
     let history = |what: &str| json!({ "created": created, "created_by": format!("cargo xtask image: {what}") });
     let packages: Vec<String> = base
         .packages
@@ -339,28 +343,49 @@ fn rfc3339(epoch: u64) -> String {
     )
 }
 
-/// The Debian packages as CycloneDX components (for the release's SBOM).
+/// The Debian packages as CycloneDX components (for the release's SBOM), with package
+/// URLs as scanners match them: `pkg:deb/debian/<name>@<version>?arch=..&distro=debian-12`.
 pub(crate) fn sbom_components(packages: &[Package]) -> Vec<Value> {
+    let distro = packages
+        .iter()
+        .find_map(Package::os_version_id)
+        .map(|v| format!("&distro=debian-{v}"))
+        .unwrap_or_default();
     packages
         .iter()
         .map(|p| {
             let l = &p.locked;
-            let purl = format!("pkg:deb/debian/{}@{}?arch={}", l.name, l.version, l.arch);
-            let mut c = json!({
+            let purl = format!(
+                "pkg:deb/debian/{}@{}?arch={}{distro}",
+                l.name,
+                purl_escape(&l.version),
+                l.arch
+            );
+            let mut properties = vec![json!({ "name": "oci:image:layer", "value": "base" })];
+            if let Some(source) = &p.source {
+                properties.push(json!({ "name": "deb:source", "value": source }));
+            }
+            json!({
                 "type": "library",
                 "bom-ref": purl,
                 "name": l.name,
                 "version": l.version,
                 "purl": purl,
                 "hashes": [{ "alg": "SHA-256", "content": l.sha256 }],
-                "properties": [{ "name": "oci:image:layer", "value": "base" }],
-            });
-            if let Some(source) = &p.source {
-                c["properties"]
-                    .as_array_mut()
-                    .map(|a| a.push(json!({ "name": "deb:source", "value": source })));
+                "properties": properties,
+            })
+        })
+        .collect()
+}
+
+/// A purl component percent-encoded (`+` and `:` of Debian versions).
+fn purl_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-' | b'_' | b'~' => {
+                char::from(b).to_string()
             }
-            c
+            other => format!("%{other:02X}"),
         })
         .collect()
 }
@@ -368,6 +393,40 @@ pub(crate) fn sbom_components(packages: &[Package]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sbom_lists_the_base_layers_debian_packages() {
+        let packages = [
+            Package::for_tests("libc6", "2.36-9+deb12u14", Some("glibc")),
+            Package::for_tests("libgcc-s1", "1:12.2.0-14", None),
+        ];
+        let host = dist::host_target().unwrap();
+        let bom = dist::sbom_json(&root(), &host, "9.9.9", sbom_components(&packages)).unwrap();
+        let bom: Value = serde_json::from_str(&bom).unwrap();
+        let find = |name: &str| {
+            bom["components"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == name)
+                .unwrap_or_else(|| panic!("{name} missing"))
+                .clone()
+        };
+        let libc = find("libc6");
+        assert_eq!(
+            libc["purl"],
+            "pkg:deb/debian/libc6@2.36-9%2Bdeb12u14?arch=amd64"
+        );
+        assert_eq!(libc["version"], "2.36-9+deb12u14");
+        assert_eq!(libc["hashes"][0]["content"], "ab".repeat(32));
+        assert_eq!(libc["properties"][1]["value"], "glibc");
+        assert_eq!(
+            find("libgcc-s1")["purl"],
+            "pkg:deb/debian/libgcc-s1@1%3A12.2.0-14?arch=amd64"
+        );
+        // The crates stay listed beside them.
+        find("tonic");
+    }
 
     #[test]
     fn times_are_written_as_rfc3339_in_utc() {
@@ -398,7 +457,8 @@ mod tests {
 
     #[test]
     fn the_lock_names_the_packages_of_the_base_layer() {
-        let lock = debian::read_lock(&root().join(LOCK)).unwrap();
+        let path = lock_path(&root(), "amd64");
+        let lock = debian::read_lock(&path).unwrap();
         for name in [
             "base-files",
             "ca-certificates",
@@ -406,7 +466,11 @@ mod tests {
             "libgcc-s1",
             "gcc-12-base",
         ] {
-            assert!(lock.contains_key(name), "{name} missing from {LOCK}");
+            assert!(
+                lock.contains_key(name),
+                "{name} missing from {}",
+                path.display()
+            );
         }
     }
 }
