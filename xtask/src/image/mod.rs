@@ -42,8 +42,8 @@ oci-secrets-store-csi-driver-provider-<version>.oci.tar (the same as an oci-arch
   --update-lock   take the archive's current Debian packages and rewrite
                   xtask/image/debian-<arch>.lock
   --run-test      build twice (one digest), check with skopeo, umoci and the image-spec
-                  schemas, then run it under runc: --version, /healthz, /readyz, a Mount
-                  through the socket against the emulator, SIGTERM
+                  schemas, then run it under runc (as root): --version, /healthz, /readyz, a
+                  Mount through the socket against the emulator, SIGTERM
 
 Every mtime is SOURCE_DATE_EPOCH, or the commit time of HEAD. Push with
   skopeo copy oci-archive:target/image/<archive> docker://<registry>/<name>:<tag>";
