@@ -1,7 +1,7 @@
 //! `--remove-node-taint <key>`: a node that waits for its provider. On a new node, pods
 //! scheduled before the provider serves fail their first mounts ("provider not found") and
 //! back off; with a startup taint on new nodes (Karpenter's `startupTaints`, a node pool's
-//! taints), nothing that tolerates it not lands there until the provider removes it. The
+//! taints), no pod that does not tolerate it lands there until the provider removes it. The
 //! removal waits until the socket serves and the readiness self-check (`Version` over the
 //! socket) passes, then patches the provider's own node (`server.node_name`, from the
 //! downward API) through the one transport, retrying with backoff until it succeeds. A
@@ -84,21 +84,19 @@ pub(crate) async fn remove_when_ready(
                          nodes (grant it, e.g. the chart's provider.removeNodeTaint); the provider keeps serving"
                     ),
                     "conflict" => tracing::info!(
-                        %node, taint = %key, "the node changed while the taint was removed; reading it again"
+                        %node, taint = %key, %error, retry_in = ?backoff,
+                        "the node changed while the taint was being removed; reading it again"
                     ),
                     _ => tracing::warn!(
                         %node, taint = %key, %error, retry_in = ?backoff,
                         "cannot remove the startup taint yet; the provider keeps serving"
                     ),
                 }
-                if result == "conflict" {
-                    // Someone else's edit won the race: read the node again at once.
-                    Duration::from_millis(50)
-                } else {
-                    let wait = jittered(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    wait
-                }
+                // A conflict backs off too: a 422 may also be a patch the server refuses
+                // for good, which must not become a busy loop.
+                let wait = jittered(backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                wait
             }
         };
         if stopped(&mut stop, wait).await {
