@@ -4,7 +4,8 @@ offline (kubernetes-validate).
 
 - `helm lint --strict` for two Kubernetes minor versions, with the defaults and with the
   Go chart's default values file;
-- renders: defaults; each auth type alone; a digest pin (tag@digest); the Go chart's own
+- renders: defaults; each auth type alone; a digest pin (tag@digest), and the release's pin
+  (Chart.yaml's annotation) only for the chart's own image; the Go chart's own
   default values (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
   (deploy/tests/every-value.yaml; provider.removeNodeTaint: its flag, NODE_NAME, its
   toleration and node rights, which the defaults lack); the driver left out — each
@@ -71,6 +72,8 @@ PROMETHEUS_RULE_CRD = TESTS / "crds" / "monitoring.coreos.com_prometheusrules.ya
 DASHBOARD = HERE / "grafana" / "oci-provider.json"
 CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 
+# Chart.yaml's annotation: the chart's own image, repository:appVersion[@digest].
+PINNED = "oci-vault-csi.github.io/image"
 # The rule workload identity needs to read the service-account issuer's keys.
 ISSUER_RULE = (("/.well-known/openid-configuration", "/openid/v1/jwks"), ("get",))
 
@@ -294,6 +297,31 @@ def digest_pin():
     check(error is not None and "digest" in error, f"a malformed digest must fail the schema: {error}")
 
 
+def release_pin():
+    """What `cargo xtask release` pins in Chart.yaml is pulled for the chart's own image only:
+    not for another repository (the Go chart's values), another tag, or over an explicit
+    provider.image.digest."""
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    own = f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}"
+    check(chart_meta["annotations"][PINNED].split("@")[0] == own, f"Chart.yaml: {PINNED} is not {own}[@digest]")
+    check(provider_container(render(None))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
+    pinned = own + "@sha256:" + "cd" * 32
+    explicit = "sha256:" + "ef" * 32
+    with tempfile.TemporaryDirectory() as temp:
+        chart = pathlib.Path(temp) / CHART.name
+        shutil.copytree(CHART, chart)
+        text = (chart / "Chart.yaml").read_text()
+        (chart / "Chart.yaml").write_text(text.replace(f"{PINNED}: {chart_meta['annotations'][PINNED]}", f"{PINNED}: {pinned}"))
+        image = lambda values: provider_container(render(values, chart_path=chart))["image"]
+        check(image(None) == pinned, f"a pinned chart's defaults: image {image(None)}")
+        check(image(values_file("go-chart-values.yaml")) == f"{PROVIDER}:{chart_meta['appVersion']}",
+              f"a pinned chart with the Go values: image {image(values_file('go-chart-values.yaml'))}")
+        check(image({"provider": {"image": {"tag": "9.9.9"}}}) == f"ghcr.io/oci-vault-csi/{PROVIDER}:9.9.9",
+              "a pinned chart with another tag must not pull the pinned digest")
+        check(image({"provider": {"image": {"digest": explicit}}}) == f"{own}@{explicit}",
+              "provider.image.digest wins over the release's pin")
+
+
 def go_values():
     values = values_file("go-chart-values.yaml")
     check(values["provider"]["endpointPermissions"] == 384, "Helm reads the Go chart's 0600 as 384")
@@ -484,12 +512,10 @@ def sync_controller():
     check(names == ["oci-provider", "manager"], f"{label}: containers {names}")
     ours_, manager = pod["containers"][0], pod["containers"][1]
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    # `cargo xtask release` pins it to the release's image digest (tag@digest).
-    check(re.fullmatch(rf"ghcr\.io/oci-vault-csi/{PROVIDER}:{re.escape(chart_meta['appVersion'])}(@sha256:[0-9a-f]{{64}})?", ours_["image"]),
-          f"{label}: image {ours_['image']}, the chart's appVersion is {chart_meta['appVersion']}")
-    values_digest = yaml.safe_load((CHART / "values.yaml").read_text())["provider"]["image"]["digest"]
-    check(ours_["image"].partition("@")[2] == values_digest,
-          f"{label}: the sidecar's image digest {ours_['image'].partition('@')[2]!r} is not the chart's {values_digest!r}")
+    # The chart's own image: appVersion's tag, and its digest once `cargo xtask release` pins it.
+    check(re.fullmatch(rf"ghcr\.io/oci-vault-csi/{PROVIDER}:{re.escape(chart_meta['appVersion'])}(@sha256:[0-9a-f]{{64}})?", ours_["image"])
+          and ours_["image"] == chart_meta["annotations"][PINNED],
+          f"{label}: image {ours_['image']}, the chart's is {chart_meta['annotations'][PINNED]}")
     check("--endpoint=unix:///provider/oci.sock" in ours_["args"], f"{label}: socket {ours_['args']}")
     check("--provider-volume=/provider" in manager["args"], f"{label}: the controller scans {manager['args']}")
     volume = {m["name"]: m["mountPath"] for m in ours_["volumeMounts"]}
@@ -607,6 +633,7 @@ def main():
     lint()
     defaults = defaults_and_auth()
     digest_pin()
+    release_pin()
     go = go_values()
     every_value()
     network_policy()

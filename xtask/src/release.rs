@@ -21,17 +21,16 @@ and the image tags in deploy/; writes a CHANGELOG.md section from the commits si
 tag; commits \"release: v<version>\"; runs fmt, clippy, check-deps, the deploy checks and the
 tests; `cargo publish --workspace --dry-run`; builds the release tarballs, the OCI image of
 this machine's target (its Debian lock must be current), the SBOM and SHA256SUMS (`cargo
-xtask dist`) into target/dist/v<version>/; pins the chart, deploy/provider.yaml and the
-sync-controller block to the image's tag@digest and commits that (the image's revision label
-names the first commit, whose sources the second keeps); creates the annotated tag on it.
+xtask dist`) into target/dist/v<version>/; pins the chart's own image (Chart.yaml),
+deploy/provider.yaml and the sync-controller block to its tag@digest and commits that (the
+image's revision label names the first commit, whose sources the second keeps); creates the
+annotated tag on it.
 Nothing is pushed: push the commits, the tag and the image (skopeo copy) yourself.
 
 --dry-run does all of it on a temporary clone and lists the artefacts; the tree, its refs
 and its tags stay as they were. --skip-tests leaves out the test run.";
 
 const CHART: &str = "deploy/helm/oci-secrets-store-csi-driver-provider/Chart.yaml";
-/// The chart's values: `provider.image.digest`.
-const VALUES: &str = "deploy/helm/oci-secrets-store-csi-driver-provider/values.yaml";
 const PLAIN: &str = "deploy/provider.yaml";
 /// The sync controller's sidecar block names our image too.
 const SIDECAR: &str = "deploy/sync-controller/values.yaml";
@@ -380,36 +379,11 @@ pub(crate) fn release(
     })
 }
 
-/// Pins the chart's `provider.image.digest`, the plain manifests' and the sync-controller
-/// block's image to `digest` (the tag stays: `repository:tag@digest`).
+/// Pins the chart's own image (Chart.yaml's annotation), the plain manifests' and the
+/// sync-controller block's to `digest`: `repository:tag@digest`.
 pub(crate) fn pin_image(dir: &Path, version: &str, digest: &str) -> anyhow::Result<()> {
-    let values = dir.join(VALUES);
-    let text = std::fs::read_to_string(&values)?;
-    let mut pinned = 0;
-    let mut in_image = false;
-    let mut out = String::new();
-    for line in text.split_inclusive('\n') {
-        if line.starts_with("  image:") {
-            in_image = true;
-        } else if !line.starts_with("    ")
-            && !line.trim().is_empty()
-            && !line.trim_start().starts_with('#')
-        {
-            in_image = false;
-        }
-        if in_image && line.starts_with("    digest: ") {
-            out.push_str(&format!("    digest: \"{digest}\"\n"));
-            pinned += 1;
-        } else {
-            out.push_str(line);
-        }
-    }
-    if pinned != 1 {
-        bail!("{VALUES}: no provider.image.digest to pin");
-    }
-    std::fs::write(&values, out)?;
     let image = format!("{}:{version}", dist::BINARY);
-    for file in [PLAIN, SIDECAR] {
+    for file in [CHART, PLAIN, SIDECAR] {
         let path = dir.join(file);
         if !path.exists() {
             continue;
@@ -522,6 +496,12 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     if chart.exists() {
         let text = std::fs::read_to_string(&chart)?;
         let mut out = String::new();
+        // The annotation naming the chart's own image: the new tag, the old digest dropped.
+        let text = retag(
+            &text,
+            &format!("{}:{previous}", dist::BINARY),
+            &format!("{}:{version}", dist::BINARY),
+        );
         for line in text.split_inclusive('\n') {
             if line.starts_with("version: ") {
                 out.push_str(&format!("version: {version}\n"));
@@ -574,24 +554,6 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
         }
         std::fs::write(&sidecar, replaced)?;
         changed.push(SIDECAR.to_owned());
-    }
-    let values = dir.join(VALUES);
-    if values.exists() {
-        let text = std::fs::read_to_string(&values)?;
-        let unpinned: String = text
-            .split_inclusive('\n')
-            .map(|line| {
-                if line.starts_with("    digest: \"sha256:") {
-                    "    digest: \"\"\n"
-                } else {
-                    line
-                }
-            })
-            .collect();
-        if unpinned != text {
-            std::fs::write(&values, unpinned)?;
-            changed.push(VALUES.to_owned());
-        }
     }
     Ok(changed)
 }
@@ -779,7 +741,7 @@ mod tests {
         write("crates/b/src/lib.rs", "");
         write(
             CHART,
-            "apiVersion: v2\nname: oci-secrets-store-csi-driver-provider\nversion: 0.1.0\nappVersion: \"0.1.0\"\n",
+            "apiVersion: v2\nname: oci-secrets-store-csi-driver-provider\nversion: 0.1.0\nappVersion: \"0.1.0\"\nannotations:\n  oci-vault-csi.github.io/image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
         );
         write(
             PLAIN,
@@ -788,10 +750,6 @@ mod tests {
         write(
             SIDECAR,
             "providerContainer:\n  - image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
-        );
-        write(
-            VALUES,
-            "provider:\n  image:\n    repository: ghcr.io/x/oci-secrets-store-csi-driver-provider\n    # a comment\n    tag: \"\"\n    digest: \"\"\n  otlp:\n    digest: keep\n",
         );
         write(".gitignore", "/target\n");
         let status = Command::new(dist::cargo())
@@ -1035,15 +993,9 @@ mod tests {
             "{}",
             read(PLAIN)
         );
-        let values = read(VALUES);
-        assert!(
-            values.contains(&format!("    digest: \"{digest}\"\n")),
-            "{values}"
-        );
-        assert!(
-            values.contains("  otlp:\n    digest: keep\n"),
-            "only the image's: {values}"
-        );
+        let chart = read(CHART);
+        assert!(chart.contains(&format!("{pinned}\n")), "{chart}");
+        assert!(chart.contains("\nappVersion: \"0.2.0\"\n"), "{chart}");
         git(
             dir,
             &[
@@ -1057,7 +1009,7 @@ mod tests {
         .unwrap();
         // The next release drops the old digest with the old tag.
         release(dir, "0.3.0", Steps::BOOKKEEPING, &out, None).unwrap();
-        for file in [SIDECAR, PLAIN] {
+        for file in [SIDECAR, PLAIN, CHART] {
             let text = read(file);
             assert!(
                 text.contains("oci-secrets-store-csi-driver-provider:0.3.0\n"),
@@ -1065,7 +1017,6 @@ mod tests {
             );
             assert!(!text.contains("sha256:"), "{text}");
         }
-        assert!(read(VALUES).contains("    digest: \"\"\n"));
         // Pinning twice replaces the digest rather than stacking it.
         pin_image(dir, "0.3.0", &digest).unwrap();
         let other = format!("sha256:{}", "cd".repeat(32));
