@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 #
-# The provider's image: built with the locked dependencies, run on distroless/cc (glibc and
-# libgcc_s: what `ldd` shows the binary links, nothing else — no shell, no package manager).
+# The provider's image for multi-arch builds with a container engine: built with the locked
+# dependencies, run on distroless/cc (glibc and libgcc_s: what `ldd` shows the binary links,
+# nothing else — no shell, no package manager). The image built and tested in CI is
+# `cargo xtask image`'s (a distroless-like base made from Debian packages; README,
+# "Container image").
 #
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" \

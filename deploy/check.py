@@ -4,11 +4,13 @@ offline (kubernetes-validate).
 
 - `helm lint --strict` for two Kubernetes minor versions, with the defaults and with the
   Go chart's default values file;
-- renders: defaults; each auth type alone; a digest pin; the Go chart's own default values
-  (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
-  (deploy/tests/every-value.yaml); workload identity federation by client secret and by
-  the instance principal; the driver left out — each validated against the Kubernetes
-  schemas of both versions and checked for what it must contain;
+- renders: defaults; each auth type alone; a digest pin (tag@digest), and the release's pin
+  (Chart.yaml's annotation) only for the chart's own image; the Go chart's own
+  default values (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
+  (deploy/tests/every-value.yaml; provider.removeNodeTaint: its flag, NODE_NAME, its
+  toleration and node rights, which the defaults lack); workload identity federation by
+  client secret and by the instance principal; the driver left out — each validated
+  against the Kubernetes schemas of both versions and checked for what it must contain;
 - values.schema.json refuses misspelt names and wrong types, the templates refuse a
   socket directory the driver does not scan, a memory limit nothing fits in, and federation
   settings the provider could not start with;
@@ -24,8 +26,8 @@ offline (kubernetes-validate).
   panel query valid PromQL by promtool;
 - the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
   our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
-  controller's chart has no values schema); its container's args and env go in
-  rendered-args.json too.
+  controller's chart has no values schema), its image the chart's (tag, and digest once a
+  release pins it); its container's args and env go in rendered-args.json too.
 
 `python3 deploy/check.py --write` regenerates the two generated files.
 Needs: pip install helm-python-sdk kubernetes-validate pyyaml
@@ -71,6 +73,8 @@ PROMETHEUS_RULE_CRD = TESTS / "crds" / "monitoring.coreos.com_prometheusrules.ya
 DASHBOARD = HERE / "grafana" / "oci-provider.json"
 CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 
+# Chart.yaml's annotation: the chart's own image, repository:appVersion[@digest].
+PINNED = "oci-vault-csi.github.io/image"
 # The rule workload identity needs to read the service-account issuer's keys.
 ISSUER_RULE = (("/.well-known/openid-configuration", "/openid/v1/jwks"), ("get",))
 
@@ -245,6 +249,9 @@ def defaults_and_auth():
     check(container["image"].endswith(":0.1.0") or ":" in container["image"], "defaults: image by tag")
     problem = memory_model(defaults, 24)
     check(problem is None, f"defaults: {problem}")
+    check(not any(r[0] == ("nodes",) for r in rbac_rules(defaults)) and "NODE_NAME" not in env_of(container)
+          and not any(a.startswith("--remove-node-taint") for a in container["args"]),
+          "defaults: the startup taint removal is off (no flag, no node rights)")
 
     def auth(instance, user, workload, token_request=True):
         return {"provider": {"oci": {"auth": {"types": {
@@ -282,9 +289,38 @@ def digest_pin():
     digest = "sha256:" + "ab" * 32
     docs = validated({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}, "digest pin")
     image = provider_container(docs)["image"]
-    check(image == f"registry.example.com/p@{digest}", f"digest pin: image {image}")
+    check(image == f"registry.example.com/p:1.2.3@{digest}", f"digest pin: image {image}")
+    docs = validated({"provider": {"image": {"digest": digest}}}, "digest pin, the chart's tag")
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    image = provider_container(docs)["image"]
+    check(image.endswith(f":{chart_meta['appVersion']}@{digest}"), f"digest pin without a tag: image {image}")
     error = render_error({"provider": {"image": {"digest": "sha256:short"}}})
     check(error is not None and "digest" in error, f"a malformed digest must fail the schema: {error}")
+
+
+def release_pin():
+    """What `cargo xtask release` pins in Chart.yaml is pulled for the chart's own image only:
+    not for another repository (the Go chart's values), another tag, or over an explicit
+    provider.image.digest."""
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    own = f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}"
+    check(chart_meta["annotations"][PINNED].split("@")[0] == own, f"Chart.yaml: {PINNED} is not {own}[@digest]")
+    check(provider_container(render(None))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
+    pinned = own + "@sha256:" + "cd" * 32
+    explicit = "sha256:" + "ef" * 32
+    with tempfile.TemporaryDirectory() as temp:
+        chart = pathlib.Path(temp) / CHART.name
+        shutil.copytree(CHART, chart)
+        text = (chart / "Chart.yaml").read_text()
+        (chart / "Chart.yaml").write_text(text.replace(f"{PINNED}: {chart_meta['annotations'][PINNED]}", f"{PINNED}: {pinned}"))
+        image = lambda values: provider_container(render(values, chart_path=chart))["image"]
+        check(image(None) == pinned, f"a pinned chart's defaults: image {image(None)}")
+        check(image(values_file("go-chart-values.yaml")) == f"{PROVIDER}:{chart_meta['appVersion']}",
+              f"a pinned chart with the Go values: image {image(values_file('go-chart-values.yaml'))}")
+        check(image({"provider": {"image": {"tag": "9.9.9"}}}) == f"ghcr.io/oci-vault-csi/{PROVIDER}:9.9.9",
+              "a pinned chart with another tag must not pull the pinned digest")
+        check(image({"provider": {"image": {"digest": explicit}}}) == f"{own}@{explicit}",
+              "provider.image.digest wins over the release's pin")
 
 
 def go_values():
@@ -331,7 +367,6 @@ def every_value():
         "image": (container["image"], "registry.example.com/oci/provider:9.9.9"),
         "pullPolicy": (container["imagePullPolicy"], "Always"),
         "imagePullSecrets": (pod.get("imagePullSecrets"), [{"name": "regcred"}]),
-        "tolerations": (pod.get("tolerations"), p["tolerations"]),
         "nodeSelector": (pod.get("nodeSelector"), p["nodeSelector"]),
         "affinity": (pod.get("affinity"), p["affinity"]),
         "priorityClassName": (pod.get("priorityClassName"), "high-priority"),
@@ -365,7 +400,15 @@ def every_value():
     }
     for name, (got, want) in expect.items():
         check(got == want, f"every value: provider.{name} rendered {got!r}, expected {want!r}")
-    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",))], f"every value: RBAC without TokenRequest {rbac_rules(docs)}")
+    check(rbac_rules(docs) == [ISSUER_RULE, (("nodes",), ("get", "patch")), (("secrets",), ("get",))],
+          f"every value: RBAC without TokenRequest, with the node taint's {rbac_rules(docs)}")
+    key = p["removeNodeTaint"]
+    node_name = next((e for e in container["env"] if e["name"] == "NODE_NAME"), None)
+    check(f"--remove-node-taint={key}" in container["args"]
+          and node_name == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+          f"every value: provider.removeNodeTaint: args {container['args']}, NODE_NAME {node_name}")
+    check(pod["tolerations"] == p["tolerations"] + [{"key": key, "operator": "Exists"}],
+          f"every value: the provider tolerates the startup taint it removes: {pod['tolerations']}")
     monitor = find(docs, "ServiceMonitor")
     check(monitor is not None and monitor["metadata"]["labels"].get("release") == "prometheus"
           and monitor["spec"]["endpoints"][0] == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
@@ -539,8 +582,10 @@ def sync_controller():
     check(names == ["oci-provider", "manager"], f"{label}: containers {names}")
     ours_, manager = pod["containers"][0], pod["containers"][1]
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    check(ours_["image"] == f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}",
-          f"{label}: image {ours_['image']}, the chart's appVersion is {chart_meta['appVersion']}")
+    # The chart's own image: appVersion's tag, and its digest once `cargo xtask release` pins it.
+    check(re.fullmatch(rf"ghcr\.io/oci-vault-csi/{PROVIDER}:{re.escape(chart_meta['appVersion'])}(@sha256:[0-9a-f]{{64}})?", ours_["image"])
+          and ours_["image"] == chart_meta["annotations"][PINNED],
+          f"{label}: image {ours_['image']}, the chart's is {chart_meta['annotations'][PINNED]}")
     check("--endpoint=unix:///provider/oci.sock" in ours_["args"], f"{label}: socket {ours_['args']}")
     check("--provider-volume=/provider" in manager["args"], f"{label}: the controller scans {manager['args']}")
     volume = {m["name"]: m["mountPath"] for m in ours_["volumeMounts"]}
@@ -585,6 +630,7 @@ def refusals():
         ({"secret-store-csi-driver": {"install": False}}, "secret-store-csi-driver"),
         ({"provider": {"healthzPort": "8098x"}}, "healthzPort"),
         ({"provider": {"endpoint": "tcp://0.0.0.0:1"}}, "endpoint"),
+        ({"provider": {"removeNodeTaint": "Not A Taint Key!"}}, "removeNodeTaint"),
     ]
     for values, name in cases:
         error = render_error(values)
@@ -657,6 +703,7 @@ def main():
     lint()
     defaults = defaults_and_auth()
     digest_pin()
+    release_pin()
     go = go_values()
     every_value()
     federated = federation()

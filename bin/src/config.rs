@@ -237,6 +237,13 @@ pub struct ServerConfig {
     /// the provider's own; others are closed at accept with a warning. The driver and the
     /// sync controller's sidecar socket user run as root.
     pub allowed_peer_uids: Vec<u32>,
+    /// A startup taint's key: once the socket serves and the readiness self-check passes,
+    /// its `NoSchedule` and `NoExecute` taints are removed from this node (`node_name`)
+    /// through the Kubernetes API. `None` (the default): no node is touched.
+    pub remove_node_taint: Option<String>,
+    /// The node this provider runs on: `NODE_NAME`, from the downward API
+    /// (`fieldRef: spec.nodeName`).
+    pub node_name: Option<String>,
 }
 
 impl ServerConfig {
@@ -292,6 +299,8 @@ impl Default for ServerConfig {
             max_secrets_per_mount: 256,
             max_files_per_mount: 256,
             allowed_peer_uids: vec![0],
+            remove_node_taint: None,
+            node_name: None,
         }
     }
 }
@@ -415,6 +424,7 @@ impl Config {
     /// must be positive, how the budgets relate, the mount timeout and the region.
     fn validate(&self) -> Result<(), ConfigError> {
         self.validate_server()?;
+        self.validate_node_taint()?;
         self.validate_counts()?;
         self.validate_budgets()?;
         if self.server.mount_timeout_seconds == 0 {
@@ -467,6 +477,31 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// `--remove-node-taint`: a taint key as Kubernetes writes one, and the node's name.
+    fn validate_node_taint(&self) -> Result<(), ConfigError> {
+        let Some(key) = &self.server.remove_node_taint else {
+            return Ok(());
+        };
+        if let Err(why) = crate::taint::check_key(key) {
+            return Err(ConfigError(format!(
+                "server.remove_node_taint (--remove-node-taint) {}: {why}",
+                bounded::quote(key)
+            )));
+        }
+        match self.server.node_name.as_deref() {
+            Some(node) if !node.is_empty() && node.len() <= 253 && !node.contains('/') => Ok(()),
+            Some(node) => Err(ConfigError(format!(
+                "server.node_name (NODE_NAME) {} is not a node name",
+                bounded::quote(node)
+            ))),
+            None => Err(ConfigError(
+                "server.remove_node_taint (--remove-node-taint) needs this node's name: set \
+                 NODE_NAME from the downward API (fieldRef: spec.nodeName), or server.node_name"
+                    .into(),
+            )),
+        }
     }
 
     /// Limits and sizes that are counts: none may be 0.
@@ -595,21 +630,15 @@ impl MapSource {
         map
     }
 
-    /// The variables the Go provider's SDK reads (spec 3.2, 4.1, 4.3), mapped to our keys.
+    /// The variables the Go provider's SDK reads (spec 3.2, 4.1, 4.3), and `NODE_NAME`,
+    /// mapped to our keys.
     fn sdk(env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let mut map = MapSource {
             name: "SDK environment variable",
             dict: Dict::new(),
             sources: BTreeMap::new(),
         };
-        if let Some(version) = env.get("OCI_RESOURCE_PRINCIPAL_VERSION")
-            && version != "2.2"
-            && version != "1.1"
-        {
-            return Err(ConfigError(format!(
-                "OCI_RESOURCE_PRINCIPAL_VERSION {version:?} must be valid: \"2.2\" or \"1.1\""
-            )));
-        }
+        Self::refuse_sdk_variables(env)?;
         if let Some(port) = env.get("KUBERNETES_SERVICE_PORT").filter(|v| !v.is_empty()) {
             let port: u16 = port.parse().map_err(|_| {
                 ConfigError(format!(
@@ -622,7 +651,9 @@ impl MapSource {
                 "KUBERNETES_SERVICE_PORT",
             );
         }
-        let strings: [(&str, &[&str]); 6] = [
+        let strings: [(&str, &[&str]); 7] = [
+            // The downward API's conventional name for `spec.nodeName`.
+            ("NODE_NAME", &["server", "node_name"]),
             ("SSL_CERT_FILE", &["endpoints", "ssl_cert_file"]),
             ("OCI_RESOURCE_PRINCIPAL_REGION", &["region"]),
             (
@@ -650,11 +681,6 @@ impl MapSource {
                 map.insert(&path, Value::from(value), var);
             }
         }
-        for (var, why) in crate::workload::REFUSED_VARIABLES {
-            if env.get(var).is_some_and(|v| !v.is_empty()) {
-                return Err(ConfigError(format!("{var} is set: {why}")));
-            }
-        }
         for (var, key) in crate::workload::SDK_VARIABLES {
             if let Some(value) = env.get(var).filter(|v| !v.is_empty()) {
                 let path = ["auth", "workload", "federation", key].map(str::to_owned);
@@ -675,6 +701,24 @@ impl MapSource {
             }
         }
         Ok(map)
+    }
+
+    /// SDK variables whose value (or presence) the provider cannot honour.
+    fn refuse_sdk_variables(env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        if let Some(version) = env.get("OCI_RESOURCE_PRINCIPAL_VERSION")
+            && version != "2.2"
+            && version != "1.1"
+        {
+            return Err(ConfigError(format!(
+                "OCI_RESOURCE_PRINCIPAL_VERSION {version:?} must be valid: \"2.2\" or \"1.1\""
+            )));
+        }
+        for (var, why) in crate::workload::REFUSED_VARIABLES {
+            if env.get(var).is_some_and(|v| !v.is_empty()) {
+                return Err(ConfigError(format!("{var} is set: {why}")));
+            }
+        }
+        Ok(())
     }
 
     /// The flags given on the command line.
@@ -946,6 +990,58 @@ mod tests {
             [provider::AuthType::Instance, provider::AuthType::Workload]
         );
         assert_eq!(sidecar.server.allowed_peer_uids, [0]);
+    }
+
+    #[test]
+    fn the_startup_taint_is_off_by_default_and_needs_a_taint_key_and_the_nodes_name() {
+        let config = Config::load(&flags(&[]), &env(&[("NODE_NAME", "worker-1")])).unwrap();
+        assert_eq!(config.server.remove_node_taint, None);
+        let node = env(&[("NODE_NAME", "worker-1")]);
+        for good in [
+            "x",
+            "A_b.c-9",
+            "node.cilium.io/agent-not-ready",
+            "startup-taint.cluster-autoscaler.kubernetes.io/oci-secrets-provider",
+        ] {
+            let flag = format!("--remove-node-taint={good}");
+            let config = Config::load(&flags(&[&flag]), &node).unwrap();
+            assert_eq!(config.server.remove_node_taint.as_deref(), Some(good));
+            assert_eq!(config.server.node_name.as_deref(), Some("worker-1"));
+        }
+        let long = "x".repeat(64);
+        for bad in [
+            "",
+            "-x",
+            "x-",
+            "x y",
+            "Node.Example.com/x",
+            "a/b/c",
+            "/x",
+            long.as_str(),
+        ] {
+            let flag = format!("--remove-node-taint={bad}");
+            let error = Config::load(&flags(&[&flag]), &node)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("server.remove_node_taint"),
+                "{bad:?}: {error}"
+            );
+        }
+        let error = Config::load(&flags(&["--remove-node-taint=x"]), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("NODE_NAME") && error.contains("spec.nodeName"),
+            "{error}"
+        );
+        let error = Config::load(
+            &flags(&["--remove-node-taint=x"]),
+            &env(&[("NODE_NAME", "a/b")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("not a node name"), "{error}");
     }
 
     #[test]

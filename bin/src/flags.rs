@@ -51,6 +51,11 @@ pub struct Flags {
     /// [telemetry.otlp_endpoint; else OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT].
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Once the socket serves and Version answers on it, remove this NoSchedule/NoExecute
+    /// taint from the provider's own node (NODE_NAME, from the downward API); off by
+    /// default [server.remove_node_taint].
+    #[arg(long, value_name = "KEY")]
+    pub remove_node_taint: Option<String>,
     /// A command instead of serving (the provider serves when none is given).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -118,6 +123,11 @@ impl Flags {
             "--otlp-endpoint",
             "telemetry.otlp_endpoint",
             self.otlp_endpoint.clone().map(Value::from),
+        );
+        push(
+            "--remove-node-taint",
+            "server.remove_node_taint",
+            self.remove_node_taint.clone().map(Value::from),
         );
         push(
             "--pprof-port",

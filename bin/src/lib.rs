@@ -12,6 +12,7 @@ mod metrics;
 mod otel;
 mod profile_proto;
 mod ready;
+mod taint;
 mod telemetry;
 mod wiring;
 mod workload;
@@ -209,6 +210,7 @@ pub async fn run(
         stack.metrics.clone(),
         stop_rx.clone(),
     ));
+    let taint_task = spawn_taint_removal(stack.node_taint, &ready, &stack.metrics, &stop_rx);
 
     let not_ready = ready.clone();
     let shutdown = async move {
@@ -219,8 +221,8 @@ pub async fn run(
     let served = csi_grpc::serve(listener, provider, shutdown, grace).await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(health_task, metrics_task, readiness_task);
-    if let Some(debug_task) = debug_task {
-        let _ = debug_task.await;
+    for task in [taint_task, debug_task].into_iter().flatten() {
+        let _ = task.await;
     }
     served.context("the gRPC server failed")?;
     tracing::info!("stopped");
@@ -253,6 +255,22 @@ async fn debug_server(
         limits,
         stop,
     ))))
+}
+
+/// `--remove-node-taint`: the removal, once ready, in its own task (`None` when off).
+fn spawn_taint_removal(
+    node_taint: Option<auth::NodeTaint>,
+    ready: &Arc<ready::Readiness>,
+    metrics: &Arc<metrics::Metrics>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let node_taint = node_taint?;
+    Some(tokio::spawn(taint::remove_when_ready(
+        node_taint,
+        ready.clone(),
+        metrics.clone(),
+        stop.clone(),
+    )))
 }
 
 /// How often `oci_provider_ready` is brought up to date.

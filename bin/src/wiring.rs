@@ -71,6 +71,8 @@ pub(crate) struct Stack {
     pub(crate) provider: csi_grpc::CsiProvider<Edge>,
     /// What `/metrics` reports (the transport's hosts, the byte budget, the mounts).
     pub(crate) metrics: Arc<Metrics>,
+    /// The startup taint to remove once ready (`--remove-node-taint`), over the transport.
+    pub(crate) node_taint: Option<auth::NodeTaint>,
 }
 
 /// The bytes of `cache.bundle_max_bytes` the listing cache keeps (names and OCIDs, no
@@ -226,6 +228,7 @@ pub(crate) fn build(
     let (transport, timings) = transport(config, env, &principals_config, traces)?;
     let http = transport.service();
     traces.client.bind(http.clone());
+    let node_taint = node_taint(config, &principals_config, &http)?;
 
     // 2. Identities over the transport; requests signed with the session each carries.
     let principals = Principals::new(principals_config, http.clone(), clock.clone())
@@ -277,14 +280,43 @@ pub(crate) fn build(
         caches,
     ));
     // 6. The edge: the bounds of every mount, then the gRPC translation.
+    let provider = edge(mount, limits, &metrics);
+    Ok(Stack {
+        provider,
+        metrics,
+        node_taint,
+    })
+}
+
+/// The edge over the mount service: admission (slots, shares, queues), the deadline, a
+/// panic as Internal; then the gRPC service with its limits and metrics observer.
+fn edge(
+    mount: Mount,
+    limits: csi_grpc::MountLimits,
+    metrics: &Arc<Metrics>,
+) -> csi_grpc::CsiProvider<Edge> {
     let edge = ServiceBuilder::new()
         .layer(AdmissionLayer::new(&limits).with_observer(metrics.clone()))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)
         .service(mount);
-    let provider =
-        csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone());
-    Ok(Stack { provider, metrics })
+    csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone())
+}
+
+/// `--remove-node-taint`: the node's startup taint, removed through the transport with the
+/// principals' Kubernetes API (`None` when off).
+fn node_taint(
+    config: &Config,
+    principals_config: &PrincipalsConfig,
+    http: &HttpService,
+) -> anyhow::Result<Option<auth::NodeTaint>> {
+    let (Some(key), Some(node)) = (&config.server.remove_node_taint, &config.server.node_name)
+    else {
+        return Ok(None);
+    };
+    auth::NodeTaint::new(principals_config, http.clone(), node, key)
+        .map(Some)
+        .context("cannot set up --remove-node-taint")
 }
 
 /// The transport, observed by the exchange metrics it returns too.

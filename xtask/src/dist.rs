@@ -1,5 +1,6 @@
 //! `cargo xtask dist`: release tarballs of the provider binary for the Rust targets installed
-//! here, a CycloneDX software bill of materials, and `SHA256SUMS` over all of them.
+//! here, the OCI image of this machine's target (`cargo xtask image`, from the same build), a
+//! CycloneDX software bill of materials, and `SHA256SUMS` over all of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -8,25 +9,35 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::image::{self, LockMode};
 use crate::procs::root;
 
 pub(crate) const BINARY: &str = "oci-secrets-store-csi-driver-provider";
 
-const USAGE: &str = "usage: cargo xtask dist [--target TRIPLE]... [--out DIR]
+const USAGE: &str = "usage: cargo xtask dist [--target TRIPLE]... [--out DIR] [--no-image]
 
 Builds the provider (release, --locked) for each target (default: every target `rustup
 target list --installed` shows) and writes to DIR (default target/dist/v<version>/):
   oci-secrets-store-csi-driver-provider-<version>-<target>.tar.gz  (binary, LICENSE, README.md)
-  oci-secrets-store-csi-driver-provider-<version>.cdx.json          (CycloneDX 1.5 SBOM)
+  oci-secrets-store-csi-driver-provider-<version>.oci.tar          (the OCI image of this
+                                                                    machine's target, an
+                                                                    oci-archive; not with
+                                                                    --no-image)
+  IMAGE                                                             (repository:tag@digest)
+  oci-secrets-store-csi-driver-provider-<version>.cdx.json          (CycloneDX 1.5 SBOM: the
+                                                                    crates and the image's
+                                                                    Debian packages)
   SHA256SUMS                                                        (sha256sum -c reads it)";
 
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let mut targets = Vec::new();
     let mut out = None;
+    let mut image = Some(LockMode::Warn);
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--target" => targets.push(args.next().context("--target needs a triple")?.clone()),
+            "--no-image" => image = None,
             "--out" => {
                 out = Some(PathBuf::from(
                     args.next().context("--out needs a directory")?,
@@ -45,8 +56,24 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     if targets.is_empty() {
         targets = installed_targets()?;
     }
-    let artefacts = build(&root, &version, &targets, &out, None)?;
-    print_artefacts(&artefacts)
+    let dist = build(&root, &version, &targets, &out, None, image)?;
+    print_artefacts(&dist.artefacts)
+}
+
+/// What `build` made: the files, and the image when one was built.
+#[derive(Debug)]
+pub(crate) struct Dist {
+    pub(crate) artefacts: Vec<PathBuf>,
+    pub(crate) image: Option<image::Built>,
+}
+
+/// The host's target triple (`rustc -vV`).
+pub(crate) fn host_target() -> anyhow::Result<String> {
+    let output = Command::new("rustc").arg("-vV").output()?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .context("rustc -vV names no host")
 }
 
 /// The targets rustup has installed (the host's alone without rustup).
@@ -66,11 +93,7 @@ pub(crate) fn installed_targets() -> anyhow::Result<Vec<String>> {
             return Ok(list);
         }
     }
-    let output = Command::new("rustc").arg("-vV").output()?;
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(|h| vec![h.to_owned()]))
-        .context("rustc -vV names no host")
+    Ok(vec![host_target()?])
 }
 
 /// `[workspace.package] version` of the workspace at `root`.
@@ -91,14 +114,16 @@ pub(crate) fn workspace_version(root: &Path) -> anyhow::Result<String> {
     )
 }
 
-/// Builds every target's tarball, the SBOM and the checksums into `out`; returns them.
+/// Builds every target's tarball, the image of the host's target (with `image`, the lock's
+/// mode), the SBOM and the checksums into `out`; returns them.
 pub(crate) fn build(
     root: &Path,
     version: &str,
     targets: &[String],
     out: &Path,
     target_dir: Option<&Path>,
-) -> anyhow::Result<Vec<PathBuf>> {
+    image: Option<LockMode>,
+) -> anyhow::Result<Dist> {
     std::fs::create_dir_all(out)?;
     let target_dir = target_dir.map_or_else(|| root.join("target"), Path::to_path_buf);
     let mtime = commit_time(root)?;
@@ -152,9 +177,47 @@ pub(crate) fn build(
         artefacts.push(tarball);
     }
     std::fs::remove_dir_all(out.join(".staging"))?;
+    let host = host_target()?;
+    let image = match image {
+        Some(mode) if targets.contains(&host) => {
+            let built = image::build(&image::Options {
+                root: root.to_path_buf(),
+                binary: target_dir.join(&host).join("release").join(BINARY),
+                out: out.join(".image"),
+                cache: target_dir.join("image-debs"),
+                version: version.to_owned(),
+                mode,
+            })?;
+            let archive = out.join(
+                built
+                    .archive
+                    .file_name()
+                    .context("the image archive has no name")?,
+            );
+            std::fs::rename(&built.archive, &archive)?;
+            std::fs::remove_dir_all(out.join(".image"))?;
+            let reference = out.join("IMAGE");
+            std::fs::write(&reference, format!("{}\n", built.reference()))?;
+            artefacts.extend([archive.clone(), reference]);
+            Some(image::Built { archive, ..built })
+        }
+        Some(_) => {
+            eprintln!("dist: no image: the host's target {host} is not among {targets:?}");
+            None
+        }
+        None => None,
+    };
     let sbom = out.join(format!("{BINARY}-{version}.cdx.json"));
-    let host = targets.first().context("no target to build")?;
-    std::fs::write(&sbom, sbom_json(root, host, version)?)?;
+    let sbom_target = if targets.contains(&host) {
+        &host
+    } else {
+        targets.first().context("no target to build")?
+    };
+    let debian = image
+        .as_ref()
+        .map(|i| image::sbom_components(&i.packages))
+        .unwrap_or_default();
+    std::fs::write(&sbom, sbom_json(root, sbom_target, version, debian)?)?;
     artefacts.push(sbom);
     let sums = out.join("SHA256SUMS");
     let mut text = String::new();
@@ -168,7 +231,7 @@ pub(crate) fn build(
     }
     std::fs::write(&sums, text)?;
     artefacts.push(sums);
-    Ok(artefacts)
+    Ok(Dist { artefacts, image })
 }
 
 pub(crate) fn print_artefacts(artefacts: &[PathBuf]) -> anyhow::Result<()> {
@@ -216,8 +279,14 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 /// A CycloneDX 1.5 JSON SBOM of what the provider binary is built from for `target`: the
 /// packages reachable from it over normal dependencies in `cargo metadata`'s resolve graph
 /// for that platform, with their licences, crates.io checksums (from Cargo.lock) and
-/// package URLs. Deterministic: the serial number is derived from the content.
-pub(crate) fn sbom_json(root: &Path, target: &str, version: &str) -> anyhow::Result<String> {
+/// package URLs; then `extra` components (the image's Debian packages). Deterministic: the
+/// serial number is derived from the content.
+pub(crate) fn sbom_json(
+    root: &Path,
+    target: &str,
+    version: &str,
+    extra: Vec<serde_json::Value>,
+) -> anyhow::Result<String> {
     let output = Command::new(cargo())
         .current_dir(root)
         .args([
@@ -309,12 +378,13 @@ pub(crate) fn sbom_json(root: &Path, target: &str, version: &str) -> anyhow::Res
         }
         c
     };
-    let components: Vec<serde_json::Value> = seen
+    let mut components: Vec<serde_json::Value> = seen
         .iter()
         .filter(|id| **id != top)
         .filter_map(|id| packages.get(id))
         .map(|p| component(p, "library"))
         .collect();
+    components.extend(extra);
     let dependencies: Vec<serde_json::Value> = edges
         .iter()
         .filter_map(|(id, deps)| {
@@ -391,7 +461,7 @@ mod tests {
         let root = root();
         let host = installed_targets().unwrap().remove(0);
         let bom: serde_json::Value =
-            serde_json::from_str(&sbom_json(&root, &host, "9.9.9").unwrap()).unwrap();
+            serde_json::from_str(&sbom_json(&root, &host, "9.9.9", Vec::new()).unwrap()).unwrap();
         assert_eq!(bom["bomFormat"], "CycloneDX");
         assert_eq!(bom["metadata"]["component"]["name"], BINARY);
         assert_eq!(bom["metadata"]["component"]["version"], "9.9.9");

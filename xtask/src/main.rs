@@ -8,6 +8,7 @@ mod deps;
 mod dist;
 mod fuzz;
 mod hostile;
+mod image;
 mod plot;
 mod procs;
 mod release;
@@ -45,10 +46,13 @@ commands:
                      no panic, bounded messages, peak heap within the heap tests' bound
   release <version> [--dry-run]
                      bump every version, write the changelog, run the checks, dry-run the
-                     crates.io publication, build tarballs + SBOM + SHA256SUMS, tag (never
-                     pushes); `cargo xtask release --help`
-  dist [--target T]  release tarballs, a CycloneDX SBOM and SHA256SUMS for the installed
-                     targets, in target/dist/v<version>/
+                     crates.io publication, build tarballs + image + SBOM + SHA256SUMS, pin
+                     deploy/ to the image's digest, tag (never pushes); `--help`
+  dist [--target T]  release tarballs, the image of this machine's target, a CycloneDX SBOM
+                     and SHA256SUMS for the installed targets, in target/dist/v<version>/
+  image [options]    the OCI image (layout and oci-archive) of the release binary on Debian
+                     packages checked against xtask/image/debian-<arch>.lock; --run-test
+                     runs it under runc; `cargo xtask image --help`
   check-deps         fail if the dependency graph (default and `fips` builds) has a second
                      crypto or TLS stack (ring, openssl, openssl-sys, native-tls, reqwest, rsa)
                      or duplicate major versions of tonic, hyper, rustls, tower, tower-http,
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Some("check-deps") => deps::check(rest),
         Some("release") => release::run(rest),
         Some("dist") => dist::run(rest),
+        Some("image") => image::run(rest),
         Some("help" | "--help" | "-h") | None => {
             eprint!("{USAGE}");
             return ExitCode::SUCCESS;

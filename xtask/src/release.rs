@@ -1,5 +1,6 @@
 //! `cargo xtask release <version> [--dry-run]`: bump every version, write the changelog,
-//! run the checks, dry-run the crates.io publication, build the artefacts, tag. Never pushes.
+//! run the checks, dry-run the crates.io publication, build the artefacts and the image, pin
+//! the deployments to the image's digest, tag. Never pushes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -9,6 +10,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 use crate::dist;
+use crate::image::LockMode;
 use crate::procs::root;
 
 const USAGE: &str = "usage: cargo xtask release <version> [--dry-run] [--skip-tests]
@@ -17,9 +19,13 @@ Refuses a dirty tree or an existing tag v<version>. Then: bumps the workspace's 
 crate, the path dependencies' requirements, Cargo.lock), the chart's version and appVersion
 and the image tags in deploy/; writes a CHANGELOG.md section from the commits since the last
 tag; commits \"release: v<version>\"; runs fmt, clippy, check-deps, the deploy checks and the
-tests; `cargo publish --workspace --dry-run`; builds the release tarballs, the SBOM and
-SHA256SUMS (`cargo xtask dist`) into target/dist/v<version>/; creates the annotated tag.
-Nothing is pushed: push the commit and the tag yourself.
+tests; `cargo publish --workspace --dry-run`; builds the release tarballs, the OCI image of
+this machine's target (its Debian lock must be current), the SBOM and SHA256SUMS (`cargo
+xtask dist`) into target/dist/v<version>/; pins the chart's own image (Chart.yaml),
+deploy/provider.yaml and the sync-controller block to its tag@digest and commits that (the
+image's revision label names the first commit, whose sources the second keeps); creates the
+annotated tag on it.
+Nothing is pushed: push the commits, the tag and the image (skopeo copy) yourself.
 
 --dry-run does all of it on a temporary clone and lists the artefacts; the tree, its refs
 and its tags stay as they were. --skip-tests leaves out the test run.";
@@ -94,6 +100,8 @@ pub(crate) struct Report {
     pub(crate) changelog: String,
     pub(crate) steps_run: Vec<String>,
     pub(crate) artefacts: Vec<PathBuf>,
+    /// `repository:tag@digest` of the image built, and its oci-archive.
+    pub(crate) image: Option<(String, PathBuf)>,
 }
 
 impl Report {
@@ -122,6 +130,15 @@ impl Report {
                 ""
             }
         );
+        if let Some((reference, archive)) = &self.image {
+            let (name, _) = reference.split_once('@').unwrap_or((reference, ""));
+            let _ = writeln!(
+                s,
+                "image: {reference} (the chart, deploy/provider.yaml and the sync-controller \
+                 block pin it)\n  push it: skopeo copy oci-archive:{} docker://{name}",
+                archive.display()
+            );
+        }
         let _ = writeln!(s, "\nCHANGELOG.md section:\n{}", self.changelog);
         let _ = write!(s, "artefacts:");
         s
@@ -168,6 +185,11 @@ pub(crate) fn dry_run_release(root: &Path, version: &str, steps: Steps) -> anyho
     for file in &report.artefacts {
         let to = keep.join(file.file_name().context("artefact without a name")?);
         std::fs::copy(file, &to)?;
+        if let Some((_, archive)) = &mut report.image
+            && archive == file
+        {
+            *archive = to.clone();
+        }
         kept.push(to);
     }
     let changelog = keep.join("CHANGELOG.md");
@@ -292,10 +314,47 @@ pub(crate) fn release(
         steps_run.push("cargo publish --dry-run of every publishable crate passed".to_owned());
     }
     let mut artefacts = Vec::new();
+    let mut image = None;
     if steps.build {
         let targets = dist::installed_targets()?;
-        artefacts = dist::build(dir, version, &targets, out, target_dir)?;
+        let built = dist::build(
+            dir,
+            version,
+            &targets,
+            out,
+            target_dir,
+            Some(LockMode::Strict),
+        )?;
+        artefacts = built.artefacts;
         steps_run.push(format!("built {} for {}", dist::BINARY, targets.join(", ")));
+        if let Some(built) = built.image {
+            let reference = built.reference();
+            pin_image(dir, version, &built.digest)?;
+            if steps.checks {
+                run(
+                    "regenerate deploy/ with the pinned image",
+                    "python3",
+                    &["deploy/check.py", "--write"],
+                )?;
+                run("deploy checks", "python3", &["deploy/check.py"])?;
+            }
+            git(dir, &["add", "--all"])?;
+            git(
+                dir,
+                &[
+                    "commit",
+                    "--quiet",
+                    "-m",
+                    &format!(
+                        "release: {tag}: pin the image\n\n{reference}\n\nBuilt from the previous commit (its revision label); this one only pins\nthe chart, deploy/provider.yaml and the sync-controller block to it."
+                    ),
+                ],
+            )?;
+            steps_run.push(format!(
+                "built the image {reference} and pinned deploy/ to it"
+            ));
+            image = Some((reference, built.archive));
+        }
     }
     git(
         dir,
@@ -316,7 +375,46 @@ pub(crate) fn release(
         changelog: section,
         steps_run,
         artefacts,
+        image,
     })
+}
+
+/// Pins the chart's own image (Chart.yaml's annotation), the plain manifests' and the
+/// sync-controller block's to `digest`: `repository:tag@digest`.
+pub(crate) fn pin_image(dir: &Path, version: &str, digest: &str) -> anyhow::Result<()> {
+    let image = format!("{}:{version}", dist::BINARY);
+    for file in [CHART, PLAIN, SIDECAR] {
+        let path = dir.join(file);
+        if !path.exists() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let replaced = retag(&text, &image, &format!("{image}@{digest}"));
+        if replaced == text {
+            bail!("{file} names no {image} image to pin");
+        }
+        std::fs::write(&path, replaced)?;
+    }
+    Ok(())
+}
+
+/// `text` with every `image` (a `name:tag`), and any `@sha256:…` after it, as `with`.
+fn retag(text: &str, image: &str, with: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(image) {
+        out.push_str(&rest[..at]);
+        out.push_str(with);
+        rest = &rest[at + image.len()..];
+        if let Some(pinned) = rest.strip_prefix("@sha256:")
+            && pinned.len() >= 64
+            && pinned.as_bytes()[..64].iter().all(u8::is_ascii_hexdigit)
+        {
+            rest = &pinned[64..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `MAJOR.MINOR.PATCH` with an optional `-pre` (ordered before the release).
@@ -398,6 +496,12 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     if chart.exists() {
         let text = std::fs::read_to_string(&chart)?;
         let mut out = String::new();
+        // The annotation naming the chart's own image: the new tag, the old digest dropped.
+        let text = retag(
+            &text,
+            &format!("{}:{previous}", dist::BINARY),
+            &format!("{}:{version}", dist::BINARY),
+        );
         for line in text.split_inclusive('\n') {
             if line.starts_with("version: ") {
                 out.push_str(&format!("version: {version}\n"));
@@ -415,23 +519,25 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     let plain = dir.join(PLAIN);
     if plain.exists() {
         let text = std::fs::read_to_string(&plain)?;
-        let replaced = text
-            .replace(
-                &format!("{}:{previous}", dist::BINARY),
-                &format!("{}:{version}", dist::BINARY),
-            )
-            .replace(
-                &format!("app.kubernetes.io/version: {previous}\n"),
-                &format!("app.kubernetes.io/version: {version}\n"),
-            )
-            .replace(
-                &format!("app.kubernetes.io/version: '{previous}'"),
-                &format!("app.kubernetes.io/version: '{version}'"),
-            )
-            .replace(
-                &format!("{}-{previous}", dist::BINARY),
-                &format!("{}-{version}", dist::BINARY),
-            );
+        // The previous release's digest goes with its tag (the new one is pinned after
+        // the image is built).
+        let replaced = retag(
+            &text,
+            &format!("{}:{previous}", dist::BINARY),
+            &format!("{}:{version}", dist::BINARY),
+        )
+        .replace(
+            &format!("app.kubernetes.io/version: {previous}\n"),
+            &format!("app.kubernetes.io/version: {version}\n"),
+        )
+        .replace(
+            &format!("app.kubernetes.io/version: '{previous}'"),
+            &format!("app.kubernetes.io/version: '{version}'"),
+        )
+        .replace(
+            &format!("{}-{previous}", dist::BINARY),
+            &format!("{}-{version}", dist::BINARY),
+        );
         if replaced == text {
             bail!("{PLAIN} names no {}:{previous} image", dist::BINARY);
         }
@@ -441,8 +547,8 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     let sidecar = dir.join(SIDECAR);
     if sidecar.exists() {
         let text = std::fs::read_to_string(&sidecar)?;
-        let image = |v: &str| format!("{}:{v}\n", dist::BINARY);
-        let replaced = text.replace(&image(previous), &image(version));
+        let image = |v: &str| format!("{}:{v}", dist::BINARY);
+        let replaced = retag(&text, &image(previous), &image(version));
         if replaced == text {
             bail!("{SIDECAR} names no {}:{previous} image", dist::BINARY);
         }
@@ -635,7 +741,7 @@ mod tests {
         write("crates/b/src/lib.rs", "");
         write(
             CHART,
-            "apiVersion: v2\nname: oci-secrets-store-csi-driver-provider\nversion: 0.1.0\nappVersion: \"0.1.0\"\n",
+            "apiVersion: v2\nname: oci-secrets-store-csi-driver-provider\nversion: 0.1.0\nappVersion: \"0.1.0\"\nannotations:\n  oci-vault-csi.github.io/image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
         );
         write(
             PLAIN,
@@ -865,6 +971,61 @@ mod tests {
         std::fs::write(dir.join("crates/a/src/lib.rs"), "// edited\n").unwrap();
         let err = dry_run_release(dir, "0.2.0", Steps::BOOKKEEPING).unwrap_err();
         assert!(err.to_string().contains("dirty"), "{err}");
+    }
+
+    #[test]
+    fn the_image_is_pinned_by_digest_and_the_next_release_unpins_it() {
+        let temp = fixture();
+        let dir = temp.path();
+        let out = dir.join("target").join("dist");
+        release(dir, "0.2.0", Steps::BOOKKEEPING, &out, None).unwrap();
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        pin_image(dir, "0.2.0", &digest).unwrap();
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+        let pinned = format!("oci-secrets-store-csi-driver-provider:0.2.0@{digest}");
+        assert!(
+            read(SIDECAR).contains(&format!("{pinned}\n")),
+            "{}",
+            read(SIDECAR)
+        );
+        assert!(
+            read(PLAIN).contains(&format!("{pinned}\n")),
+            "{}",
+            read(PLAIN)
+        );
+        let chart = read(CHART);
+        assert!(chart.contains(&format!("{pinned}\n")), "{chart}");
+        assert!(chart.contains("\nappVersion: \"0.2.0\"\n"), "{chart}");
+        git(
+            dir,
+            &[
+                "commit",
+                "--quiet",
+                "--all",
+                "-m",
+                "release: v0.2.0: pin the image",
+            ],
+        )
+        .unwrap();
+        // The next release drops the old digest with the old tag.
+        release(dir, "0.3.0", Steps::BOOKKEEPING, &out, None).unwrap();
+        for file in [SIDECAR, PLAIN, CHART] {
+            let text = read(file);
+            assert!(
+                text.contains("oci-secrets-store-csi-driver-provider:0.3.0\n"),
+                "{text}"
+            );
+            assert!(!text.contains("sha256:"), "{text}");
+        }
+        // Pinning twice replaces the digest rather than stacking it.
+        pin_image(dir, "0.3.0", &digest).unwrap();
+        let other = format!("sha256:{}", "cd".repeat(32));
+        pin_image(dir, "0.3.0", &other).unwrap();
+        assert!(
+            read(SIDECAR).contains(&format!(":0.3.0@{other}\n")),
+            "{}",
+            read(SIDECAR)
+        );
     }
 
     #[test]

@@ -27,6 +27,13 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    /// What an attempt to remove the startup taint came to: `removed`, `absent`,
+    /// `forbidden`, `conflict`, `error`.
+    result: &'static str,
+}
+
 /// How long mounts waited for a slot, by how the wait ended.
 type Waits = Family<OutcomeLabel, Histogram, fn() -> Histogram>;
 
@@ -48,6 +55,8 @@ pub(crate) struct Metrics {
     waits: Waits,
     alive_tasks: Gauge,
     ready: Gauge,
+    node_taint_attempts: Family<ResultLabel, Counter>,
+    node_taint_pending: Gauge,
     shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// What `/debug/stats` reads (the same sources as the collectors).
     pub(crate) sources: StatsSources,
@@ -133,6 +142,25 @@ fn register_constants(
     ready
 }
 
+/// The startup taint's removal (`--remove-node-taint`): attempts by result, and whether it
+/// is still to be removed.
+fn register_node_taint(registry: &mut Registry) -> (Family<ResultLabel, Counter>, Gauge) {
+    let attempts = Family::<ResultLabel, Counter>::default();
+    registry.register(
+        "node_taint_removal_attempts",
+        "Attempts to remove the startup taint (--remove-node-taint) from this node, by result: \
+         removed, absent, forbidden (RBAC), conflict (the node changed meanwhile), error",
+        attempts.clone(),
+    );
+    let pending = Gauge::default();
+    registry.register(
+        "node_taint_pending",
+        "1 while the startup taint (--remove-node-taint) is still on this node to be removed",
+        pending.clone(),
+    );
+    (attempts, pending)
+}
+
 /// The mounts waiting for a slot now, and how long each wait took by how it ended.
 fn register_queue(registry: &mut Registry) -> (Gauge, Waits) {
     let queued = Gauge::default();
@@ -204,6 +232,7 @@ impl Metrics {
             caches.timings.durations.clone(),
         );
         registry.register_collector(Box::new(caches));
+        let (node_taint_attempts, node_taint_pending) = register_node_taint(registry);
         let alive_tasks = Gauge::default();
         registry.register(
             "runtime_alive_tasks",
@@ -214,6 +243,8 @@ impl Metrics {
             shed,
             alive_tasks,
             ready,
+            node_taint_attempts,
+            node_taint_pending,
             sources,
             registry: Mutex::new(root),
             mounts,
@@ -227,6 +258,18 @@ impl Metrics {
     /// Records what the readiness check answered, for `oci_provider_ready`.
     pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
+    }
+
+    /// Counts one attempt to remove the startup taint by its `result`.
+    pub(crate) fn node_taint_attempt(&self, result: &'static str) {
+        self.node_taint_attempts
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Whether the startup taint is still to be removed.
+    pub(crate) fn set_node_taint_pending(&self, pending: bool) {
+        self.node_taint_pending.set(i64::from(pending));
     }
 
     /// The text exposition format.

@@ -20,6 +20,7 @@ mod federation;
 mod instance;
 mod prometheus;
 mod tags;
+mod taint;
 mod templates;
 mod versions;
 

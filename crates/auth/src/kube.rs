@@ -156,7 +156,31 @@ impl KubeApi {
         .await
     }
 
-    fn request(
+    /// The API's base URL, without a trailing `/`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends `request` (made by [`KubeApi::request`]) within `deadline`; any status.
+    pub(crate) async fn send(
+        &self,
+        request: Request<bytes::Bytes>,
+        operation: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<http::Response<bytes::Bytes>, AuthError> {
+        send(
+            &self.http,
+            request,
+            deadline,
+            Endpoint::Kubernetes,
+            operation,
+        )
+        .await
+    }
+
+    /// A request with the provider's bearer token, accepting JSON (and sending it, with
+    /// `json_body`).
+    pub(crate) fn request(
         &self,
         method: Method,
         uri: String,
@@ -425,7 +449,10 @@ pub(crate) struct KubeSecret {
 }
 
 /// A Kubernetes answer with an unexpected status; only its short `code`/`reason` is kept.
-fn status_error(operation: String, response: &http::Response<bytes::Bytes>) -> AuthError {
+pub(crate) fn status_error(
+    operation: String,
+    response: &http::Response<bytes::Bytes>,
+) -> AuthError {
     AuthError::Status {
         endpoint: Endpoint::Kubernetes,
         operation,

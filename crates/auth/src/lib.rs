@@ -28,6 +28,7 @@ mod issuer;
 mod jwt;
 mod key;
 mod kube;
+mod node;
 mod principals;
 mod remote;
 mod session;
@@ -37,6 +38,7 @@ mod tenant_keys;
 pub use error::{AuthError, BoxError, Endpoint, ErrorKind, UserSecretError};
 pub use identity::{Credential, Identity};
 pub use key::{KeyError, PrivateKey};
+pub use node::{NodeTaint, TaintRemoval};
 #[cfg(feature = "test-support")]
 pub use principals::load_user_secret_for_tests;
 pub use principals::{

@@ -555,6 +555,9 @@ fn kube(shared: &Shared, parts: &Parts, body: &[u8]) -> Reply {
                 "token",
             ],
         ) => token_request(shared, ns, sa, body),
+        (Method::GET | Method::PATCH, ["api", "v1", "nodes", name]) => {
+            crate::nodes::handle(shared, parts, name, body)
+        }
         (Method::GET, ["api", "v1", "namespaces", ns, "secrets", name]) => {
             let st = shared.state();
             let Some(data) = st.kube_secrets.get(&((*ns).to_owned(), (*name).to_owned())) else {

@@ -42,6 +42,7 @@ mod driver;
 mod faults;
 mod handlers;
 mod listing;
+mod nodes;
 mod pki;
 mod seed;
 mod server;
@@ -66,6 +67,7 @@ pub use crate::certs::{CaSeed, CertificateCall, CertificateSeed, KeyKind, verify
 pub use crate::crypto::api_key_fingerprint;
 pub use crate::driver::{DriverClient, DriverError, GOPATH, fnv1a};
 pub use crate::faults::Fault;
+pub use crate::nodes::{NodeSeed, TaintSeed};
 pub use crate::seed::{
     Access, CompartmentSeed, Content, DEFAULT_COMPARTMENT, IdentityDomainSeed, ImpersonationRule,
     InstanceSeed, KubeSecretSeed, LIFECYCLE_STATES, Lifetimes, OAuthClientSeed, STAGES, SecretSeed,
@@ -755,6 +757,37 @@ impl EmulatorHandle {
     /// their script is exhausted.
     pub fn set_issuer_fault(&self, fault: Option<Fault>) {
         self.shared.state().issuer_faults.persistent = fault;
+    }
+
+    /// A node's taints now (`None`: no such node; empty: no taints).
+    pub fn node_taints(&self, name: &str) -> Option<Vec<serde_json::Value>> {
+        self.shared.state().nodes.taints(name)
+    }
+
+    /// Refuses the provider's `verbs` (`get`, `patch`) on nodes with 403, as RBAC without
+    /// the rule does; an empty list allows them again.
+    pub fn forbid_node_verbs(&self, verbs: &[&str]) {
+        self.shared.state().nodes.forbidden = verbs.iter().map(|v| (*v).to_owned()).collect();
+    }
+
+    /// Adds `taint` (key, effect) to node `name` right after the next read of it, as
+    /// another controller racing the provider would: a patch made from that read is stale.
+    pub fn taint_node_after_next_read(&self, name: &str, key: &str, effect: &str) {
+        let taint = crate::nodes::taint(
+            &TaintSeed {
+                key: key.to_owned(),
+                value: None,
+                effect: effect.to_owned(),
+            },
+            self.now(),
+        );
+        self.shared
+            .state()
+            .nodes
+            .after_next_read
+            .entry(name.to_owned())
+            .or_default()
+            .push(taint);
     }
 
     /// The provider configuration file content: `[endpoints]`, CA and token paths.

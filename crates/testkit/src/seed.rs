@@ -63,6 +63,8 @@ pub struct Seed {
     pub identity_domain: IdentityDomainSeed,
     /// Compartments and who may list their secrets (`inspect secrets`).
     pub compartments: Vec<CompartmentSeed>,
+    /// Kubernetes Nodes (their taints), readable and patchable through the Kubernetes API.
+    pub nodes: Vec<crate::nodes::NodeSeed>,
 }
 
 impl Default for Seed {
@@ -87,6 +89,7 @@ impl Default for Seed {
             ca_bundles: Vec::new(),
             identity_domain: IdentityDomainSeed::default(),
             compartments: Vec::new(),
+            nodes: Vec::new(),
         }
     }
 }
@@ -117,6 +120,12 @@ impl Seed {
             name: name.into(),
             uid: String::new(),
         });
+        self
+    }
+
+    /// Adds a Kubernetes Node.
+    pub fn node(mut self, node: crate::nodes::NodeSeed) -> Self {
+        self.nodes.push(node);
         self
     }
 

@@ -239,6 +239,8 @@ pub(crate) struct State {
     /// The identity domain's applications and trusts.
     pub(crate) identity_domain: crate::seed::IdentityDomainSeed,
     pub(crate) http1_only: BTreeSet<Endpoint>,
+    /// Kubernetes Nodes, what the provider may not do to them, edits pending.
+    pub(crate) nodes: crate::nodes::Nodes,
     pub(crate) idle_timeout: BTreeMap<Endpoint, Duration>,
     /// Emulator time = base clock + offset (`true` = ahead).
     pub(crate) clock_offset: (bool, Duration),
@@ -412,6 +414,7 @@ impl Shared {
             pinned_issuer_keys: vec![jwt.clone()],
             identity_domain: seed.identity_domain.clone(),
             http1_only: BTreeSet::new(),
+            nodes: crate::nodes::Nodes::new(&seed.nodes, now),
             idle_timeout: BTreeMap::new(),
             clock_offset: (true, Duration::ZERO),
             lifetimes: seed.lifetimes.clone(),

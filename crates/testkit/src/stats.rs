@@ -111,6 +111,8 @@ pub struct Stats {
     /// Requests for the service-account issuer's keys (`/openid/v1/jwks` at the Kubernetes
     /// endpoint), faulted ones included.
     pub jwks_requests: u64,
+    /// JSON patches applied, per node.
+    pub node_patches: BTreeMap<String, u64>,
 }
 
 impl Stats {

@@ -23,13 +23,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* repository:tag, or repository@digest when a digest is given. */}}
+{{/* repository:tag; with provider.image.digest, repository:tag@digest (pulled by the
+    digest, the tag saying which release it is); else, when repository:tag is the chart's
+    own image, the digest `cargo xtask release` pinned in Chart.yaml's annotation. */}}
 {{- define "oci-provider.image" -}}
 {{- $image := .Values.provider.image -}}
+{{- $reference := printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- $pinned := index (.Chart.Annotations | default dict) "oci-vault-csi.github.io/image" | default "" -}}
 {{- if $image.digest -}}
-{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- printf "%s@%s" $reference $image.digest -}}
+{{- else if and (contains "@" $pinned) (eq $reference (first (splitList "@" $pinned))) -}}
+{{- $pinned -}}
 {{- else -}}
-{{- printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- $reference -}}
 {{- end -}}
 {{- end -}}
 
