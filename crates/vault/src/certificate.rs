@@ -277,7 +277,7 @@ impl cache::CacheValue for CertificateBundle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Stage;
+    use crate::{Call, Stage, Subject};
 
     fn request(
         target: CertificateRef,
@@ -333,6 +333,18 @@ mod tests {
                 "/20210224/caBundles/ocid1.cabundle.oc1..b",
             ),
         ];
+        let grants: Vec<_> = cases.iter().map(|(r, _)| r.grant()).collect();
+        assert_eq!(
+            grants,
+            [
+                Subject::CERTIFICATES_GRANT,
+                Subject::CERTIFICATES_GRANT,
+                Subject::CERTIFICATES_GRANT,
+                Subject::CA_GRANT,
+                Subject::CA_BUNDLE_GRANT,
+            ],
+            "a 404 names the resource type OCI's policy reference gives each call"
+        );
         for (request, path) in cases {
             let (method, uri) = request.method_and_uri();
             assert_eq!(method, http::Method::GET);

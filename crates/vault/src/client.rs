@@ -241,7 +241,8 @@ impl Call for CertificateRequest {
     fn grant(&self) -> &'static str {
         match self.target {
             crate::CertificateRef::Certificate(_) => Subject::CERTIFICATES_GRANT,
-            _ => Subject::CA_GRANT,
+            crate::CertificateRef::CertificateAuthority(_) => Subject::CA_GRANT,
+            crate::CertificateRef::CaBundle(_) => Subject::CA_BUNDLE_GRANT,
         }
     }
     fn base_url(&self) -> &str {

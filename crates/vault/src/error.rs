@@ -123,9 +123,11 @@ impl Subject {
         "\"read leaf-certificate-bundles\" on the certificate's compartment";
     /// What listing the secrets of a vault needs.
     pub const LIST_GRANT: &'static str = "\"inspect secrets\" on the vault's compartment";
-    /// What reading a CA or a CA bundle needs.
+    /// What reading a CA needs.
     pub const CA_GRANT: &'static str =
         "\"read certificate-authority-bundles\" on the CA's compartment";
+    /// What reading a CA bundle needs (`cabundles`, in OCI's `leaf-certificate-family`).
+    pub const CA_BUNDLE_GRANT: &'static str = "\"read cabundles\" on the CA bundle's compartment";
 }
 
 /// Why a secret bundle could not be fetched.
