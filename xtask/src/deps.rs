@@ -279,6 +279,49 @@ mod tests {
         }
     }
 
+    /// The README is read as a guide: its contents list and every link to one of its own
+    /// sections land on a heading (GitHub's anchors: lower case, punctuation dropped, spaces
+    /// as hyphens), and the two commands a newcomer needs come before anything else.
+    #[test]
+    fn the_readmes_own_links_land_on_its_headings() {
+        let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+        let mut in_code = false;
+        let mut anchors = Vec::new();
+        for line in readme.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+            } else if !in_code && line.starts_with('#') {
+                let title = line.trim_start_matches('#').trim();
+                let anchor: String = title
+                    .to_lowercase()
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect();
+                anchors.push(anchor);
+            }
+        }
+        let links: Vec<&str> = readme
+            .split("](#")
+            .skip(1)
+            .map(|rest| &rest[..rest.find(')').unwrap()])
+            .collect();
+        assert!(links.len() >= 15, "{links:?}");
+        for link in links {
+            assert!(
+                anchors.iter().any(|a| a == link),
+                "README links to #{link}, which no heading makes"
+            );
+        }
+        let commands = readme.find("cargo xtask demo").unwrap();
+        assert!(commands < readme.find("## Install").unwrap());
+        assert!(
+            readme[commands..].starts_with(
+                "cargo xtask demo\n\n# Run the tests\ncargo nextest run --workspace\n"
+            )
+        );
+    }
+
     /// A test that needs a tool the machine may lack is `#[ignore = "needs ..."]`, so a run
     /// without the tool reports it skipped rather than passing a no-op; CI runs every
     /// ignored test (`--run-ignored all` on each test run of `.ci/run`), and no test skips
