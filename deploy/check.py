@@ -77,6 +77,12 @@ CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 PINNED = "oci-vault-csi.github.io/image"
 # The rule workload identity needs to read the service-account issuer's keys.
 ISSUER_RULE = (("/.well-known/openid-configuration", "/openid/v1/jwks"), ("get",))
+# The one value the chart requires with its defaults: workload identity's region (no
+# default; templates/_helpers.tpl fails without it). The renderings labelled "defaults" pass
+# the Go chart's, so they differ from Chart.yaml's defaults by that value only.
+REGION = "us-ashburn-1"
+TOKEN_RULE = (("serviceaccounts/token",), ("create",))
+SECRETS_RULE = (("secrets",), ("get",))
 
 failures = []
 
@@ -85,6 +91,19 @@ def check(condition, message):
     if not condition:
         failures.append(message)
     return condition
+
+
+def merged(base, over):
+    """Helm's merge of a values file over another: maps merge, anything else replaces."""
+    out = dict(base)
+    for key, value in (over or {}).items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def given(values=None):
+    """`values` plus the region the chart requires while workload identity is on."""
+    return merged({"provider": {"oci": {"auth": {"types": {"workload": {"resourcePrincipalRegion": REGION}}}}}}, values)
 
 
 def values_file(name):
@@ -108,6 +127,18 @@ def render(values, kube_version=None, chart_path=CHART, release=RELEASE, namespa
             if doc:
                 docs.append((path, doc))
     return docs
+
+
+def dry_run(values, kube_version=None, chart_path=CHART):
+    """`helm install --dry-run=client --kube-version`: the release Helm would install, with
+    its NOTES.txt rendered, and Helm's check of Chart.yaml's kubeVersion, both of which the
+    bare render above skips. Config.install has no kube_version; the native call takes it."""
+    opts = {"namespace": NAMESPACE, "dry_run": "client", "kube_version": "v" + (kube_version or KUBE_VERSIONS[0])}
+    with helm_python.Config(storage_driver="memory", namespace=NAMESPACE) as config, \
+            helm_python.Chart.load(str(chart_path)) as chart:
+        return json.loads(helm_python._native.call_string(
+            "helm_install", config._raw(), helm_python._native.HANDLE(0), chart._raw(), None, RELEASE,
+            json.dumps(values) if values is not None else None, json.dumps(opts)))
 
 
 def render_error(values):
@@ -208,7 +239,7 @@ def memory_model(docs, baseline_mib):
 
 def lint():
     for version in KUBE_VERSIONS:
-        for label, values in [("defaults", None), ("Go chart values", values_file("go-chart-values.yaml"))]:
+        for label, values in [("defaults", given()), ("Go chart values", values_file("go-chart-values.yaml"))]:
             report = helm_python.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v" + version)
             problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
             check(not problems, f"helm lint --strict ({label}, Kubernetes {version}): {problems}")
@@ -228,7 +259,7 @@ def vendored_driver():
 
 
 def defaults_and_auth():
-    defaults = validated(None, "defaults")
+    defaults = validated(given(), "defaults")
     kinds = sorted(d["kind"] for _, d in ours(defaults))
     check(kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"],
           f"defaults render {kinds}")
@@ -253,21 +284,49 @@ def defaults_and_auth():
           and not any(a.startswith("--remove-node-taint") for a in container["args"]),
           "defaults: the startup taint removal is off (no flag, no node rights)")
 
-    def auth(instance, user, workload, token_request=True):
-        return {"provider": {"oci": {"auth": {"types": {
-            "instance": {"enabled": instance}, "user": {"enabled": user},
-            "workload": {"enabled": workload, "tokenRequest": token_request}}}}}}
+    # The recommended token set-up is the default: the bundled driver hands the provider
+    # the pod's token for its audience (""), the provider's TokenRequest fallback is off,
+    # and so it gets no right to mint tokens.
+    csidriver = find(defaults, "CSIDriver", "secrets-store.csi.k8s.io")
+    check(csidriver is not None and csidriver["spec"].get("tokenRequests") == [{"audience": ""}],
+          f"defaults: the driver's CSIDriver must ask tokens for the audience \"\": {csidriver and csidriver['spec']}")
+    env = env_of(container)
+    check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == "false", f"defaults: the TokenRequest fallback must be off: {env}")
+    check(TOKEN_RULE not in rbac_rules(defaults), f"defaults: no serviceaccounts/token right: {rbac_rules(defaults)}")
+    check(rbac_rules(defaults) == [ISSUER_RULE, SECRETS_RULE], f"defaults: RBAC {rbac_rules(defaults)}")
+    check(env.get("OCI_RESOURCE_PRINCIPAL_REGION") == REGION, f"defaults: the region given: {env}")
 
-    token = (("serviceaccounts/token",), ("create",))
-    secrets = (("secrets",), ("get",))
+    # The region is required while workload identity is on: the defaults alone fail naming
+    # it, with an example and where to find it; a short code renders; off, none is needed.
+    error = render_error(None)
+    check(error is not None and all(s in error for s in [
+        "provider.oci.auth.types.workload.resourcePrincipalRegion is required",
+        "--set provider.oci.auth.types.workload.resourcePrincipalRegion=us-ashburn-1",
+        "ocid1.cluster.oc1.<region>", "topology.kubernetes.io/region", "workload.enabled=false"]),
+          f"the defaults without a region must fail naming the value, an example and where to find it: {error}")
+    env = env_of(provider_container(render(merged(given(), {"provider": {"oci": {"auth": {"types": {"workload": {"resourcePrincipalRegion": "iad"}}}}}}))))
+    check(env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "iad", f"a short-code region renders: {env}")
+    error = render_error({"provider": {"oci": {"auth": {"types": {"workload": {"enabled": False}}}}}})
+    check(error is None, f"without workload identity no region is needed: {error}")
+
+    def auth(instance, user, workload, token_request=None):
+        # The region only where workload identity needs it (the env, a cases' check below).
+        types = {"instance": {"enabled": instance}, "user": {"enabled": user}, "workload": {"enabled": workload}}
+        if workload:
+            types["workload"]["resourcePrincipalRegion"] = REGION
+        if token_request is not None:
+            types["workload"]["tokenRequest"] = token_request
+        return {"provider": {"oci": {"auth": {"types": types}}}}
+
+    token, secrets = TOKEN_RULE, SECRETS_RULE
     # Workload identity verifies the tokens mounts supply against the issuer's keys.
     issuer = ISSUER_RULE
     cases = [
         ("instance alone", auth(True, False, False), [], "false", "[instance]"),
         ("user alone", auth(False, True, False), [secrets], "false", "[user]"),
-        ("workload alone", auth(False, False, True), [issuer, token], "true", "[workload]"),
-        ("workload with driver tokens", auth(False, False, True, False), [issuer], "false", "[workload]"),
-        ("workload and user", auth(False, True, True), [issuer, secrets, token], "true", "[user, workload]"),
+        ("workload alone", auth(False, False, True), [issuer], "false", "[workload]"),
+        ("workload with the TokenRequest fallback", auth(False, False, True, True), [issuer, token], "true", "[workload]"),
+        ("workload and user, the fallback on", auth(False, True, True, True), [issuer, secrets, token], "true", "[user, workload]"),
     ]
     check(env_of(provider_container(defaults)).get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == "[user, instance, workload]",
           "defaults: every auth type allowed")
@@ -280,6 +339,13 @@ def defaults_and_auth():
         check(env.get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == allowed, f"{label}: allowed_types {env}")
         check(("OCI_RESOURCE_PRINCIPAL_REGION" in env) == values["provider"]["oci"]["auth"]["types"]["workload"]["enabled"],
               f"{label}: OCI_RESOURCE_PRINCIPAL_* only with workload identity")
+    # Without the fallback the bundled driver must send the audience's tokens.
+    error = render_error(given({"secrets-store-csi-driver": {"tokenRequests": []}}))
+    check(error is not None and 'the audience "" is not in secrets-store-csi-driver.tokenRequests' in error,
+          f"no driver tokens and no fallback must fail: {error}")
+    check(render_error(given({"secrets-store-csi-driver": {"tokenRequests": []},
+                              "provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}}})) is None,
+          "no driver tokens with the fallback on must render")
     error = render_error(auth(False, False, False))
     check(error is not None and "every auth type is disabled" in error, f"no auth type at all must fail: {error}")
     return defaults
@@ -287,14 +353,14 @@ def defaults_and_auth():
 
 def digest_pin():
     digest = "sha256:" + "ab" * 32
-    docs = validated({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}, "digest pin")
+    docs = validated(given({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}), "digest pin")
     image = provider_container(docs)["image"]
     check(image == f"registry.example.com/p:1.2.3@{digest}", f"digest pin: image {image}")
-    docs = validated({"provider": {"image": {"digest": digest}}}, "digest pin, the chart's tag")
+    docs = validated(given({"provider": {"image": {"digest": digest}}}), "digest pin, the chart's tag")
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     image = provider_container(docs)["image"]
     check(image.endswith(f":{chart_meta['appVersion']}@{digest}"), f"digest pin without a tag: image {image}")
-    error = render_error({"provider": {"image": {"digest": "sha256:short"}}})
+    error = render_error(given({"provider": {"image": {"digest": "sha256:short"}}}))
     check(error is not None and "digest" in error, f"a malformed digest must fail the schema: {error}")
 
 
@@ -305,7 +371,7 @@ def release_pin():
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     own = f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}"
     check(chart_meta["annotations"][PINNED].split("@")[0] == own, f"Chart.yaml: {PINNED} is not {own}[@digest]")
-    check(provider_container(render(None))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
+    check(provider_container(render(given()))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
     pinned = own + "@sha256:" + "cd" * 32
     explicit = "sha256:" + "ef" * 32
     with tempfile.TemporaryDirectory() as temp:
@@ -313,7 +379,7 @@ def release_pin():
         shutil.copytree(CHART, chart)
         text = (chart / "Chart.yaml").read_text()
         (chart / "Chart.yaml").write_text(text.replace(f"{PINNED}: {chart_meta['annotations'][PINNED]}", f"{PINNED}: {pinned}"))
-        image = lambda values: provider_container(render(values, chart_path=chart))["image"]
+        image = lambda values: provider_container(render(given(values), chart_path=chart))["image"]
         check(image(None) == pinned, f"a pinned chart's defaults: image {image(None)}")
         check(image(values_file("go-chart-values.yaml")) == f"{PROVIDER}:{chart_meta['appVersion']}",
               f"a pinned chart with the Go values: image {image(values_file('go-chart-values.yaml'))}")
@@ -338,8 +404,12 @@ def go_values():
     env = env_of(container)
     check(env.get("OCI_RESOURCE_PRINCIPAL_VERSION") == "2.2" and env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "us-ashburn-1", f"Go values: env {env}")
     check(container["resources"]["limits"] == {"cpu": "50m", "memory": "100Mi"}, f"Go values: resources {container['resources']}")
-    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
-          f"Go values: RBAC {rbac_rules(docs)}")
+    # The Go values know no tokenRequest(s): the chart's defaults hold, the bundled driver
+    # sends the tokens and the provider gets no TokenRequest right.
+    check(rbac_rules(docs) == [ISSUER_RULE, SECRETS_RULE], f"Go values: RBAC {rbac_rules(docs)}")
+    check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == "false"
+          and find(docs, "CSIDriver", "secrets-store.csi.k8s.io")["spec"].get("tokenRequests") == [{"audience": ""}],
+          f"Go values: the driver's tokens, no fallback: {env}")
     # Same object names and selector as the Go chart: `helm upgrade` patches in place.
     ds = find(docs, "DaemonSet", PROVIDER)
     check(ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": PROVIDER}, "Go values: the Go chart's selector")
@@ -429,7 +499,9 @@ def federation():
         base = {"enabled": True, "domainUrl": "https://idcs-0123.identity.oraclecloud.com", "audience": "oci-federation",
                 "clientId": "k8s-csi-runtime", "clientSecret": {"name": "oci-federation", "key": "client-secret"}}
         base.update(f)
-        return {"provider": {"oci": {"auth": {"types": {"workload": {"federation": base}}}}}}
+        # The driver asks tokens for the federation's audience (the fallback is off).
+        return given({"provider": {"oci": {"auth": {"types": {"workload": {"federation": base}}}}},
+                      "secrets-store-csi-driver": {"tokenRequests": [{"audience": "oci-federation"}]}})
 
     basic = docs = validated(values(), "federation")
     container = provider_container(docs)
@@ -453,8 +525,7 @@ def federation():
     check(mount == {"name": "federation-client-secret", "mountPath": "/etc/oci-federation", "readOnly": True},
           f"federation: the secret mount {mount}")
     # The secret is a file: the provider's RBAC gains nothing for it.
-    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
-          f"federation: RBAC {rbac_rules(docs)}")
+    check(rbac_rules(docs) == [ISSUER_RULE, SECRETS_RULE], f"federation: RBAC {rbac_rules(docs)}")
 
     instance = values(clientId="", clientSecret={"name": ""}, useInstancePrincipal=True,
                       requestedTokenType="urn:oci:token-type:oci-rpst", resourceType="k8sworkload")
@@ -465,12 +536,13 @@ def federation():
           and "OCI_WORKLOAD_IDENTITY_CLIENT_ID" not in env, f"federation by the instance principal: env {env}")
     check(all(v["name"] != "federation-client-secret" for v in find(docs, "DaemonSet", PROVIDER)["spec"]["template"]["spec"]["volumes"]),
           "federation by the instance principal: no secret volume")
-    check("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM" not in env_of(provider_container(render(None))), "defaults: no federation")
+    check("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM" not in env_of(provider_container(render(given()))), "defaults: no federation")
 
+    fallback = merged(values(), {"provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}},
+                                 "secrets-store-csi-driver": {"tokenRequests": [{"audience": ""}]}})
+    docs = validated(fallback, "federation with the TokenRequest fallback")
+    check(TOKEN_RULE in rbac_rules(docs), f"federation with the fallback: RBAC {rbac_rules(docs)}")
     driver_tokens = values()
-    driver_tokens["provider"]["oci"]["auth"]["types"]["workload"]["tokenRequest"] = False
-    driver_tokens["secrets-store-csi-driver"] = {"tokenRequests": [{"audience": "oci-federation"}]}
-    validated(driver_tokens, "federation with the driver's tokens")
     refused = [
         (values(domainUrl=""), "needs domainUrl"),
         (values(audience=""), "needs audience"),
@@ -490,7 +562,7 @@ def federation():
 
 
 def network_policy():
-    docs = validated({"provider": {"networkPolicy": {"enabled": True}}}, "network policy")
+    docs = validated(given({"provider": {"networkPolicy": {"enabled": True}}}), "network policy")
     policy = find(docs, "NetworkPolicy")
     check(policy is not None, "networkPolicy.enabled renders a NetworkPolicy")
     ingress = policy["spec"]["ingress"]
@@ -501,16 +573,16 @@ def network_policy():
           and ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
           f"metrics port only from the monitoring namespace by default: {ingress[1]}")
     peers = [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]
-    docs = validated({"provider": {"networkPolicy": {"enabled": True, "metricsFrom": peers}}}, "network policy peers")
+    docs = validated(given({"provider": {"networkPolicy": {"enabled": True, "metricsFrom": peers}}}), "network policy peers")
     check(find(docs, "NetworkPolicy")["spec"]["ingress"][1]["from"] == peers, "networkPolicy.metricsFrom")
-    check(find(validated(None, "defaults"), "NetworkPolicy") is None, "no NetworkPolicy by default")
+    check(find(render(given()), "NetworkPolicy") is None, "no NetworkPolicy by default")
 
 
 def monitoring():
     """The PrometheusRule: absent by default, and when enabled the alert rules of
     deploy/prometheus/alerts.yaml exactly, valid by the operator's CRD (in validated())."""
-    check(find(render(None), "PrometheusRule") is None, "defaults: no PrometheusRule unless enabled")
-    docs = validated({"provider": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}}}},
+    check(find(render(given()), "PrometheusRule") is None, "defaults: no PrometheusRule unless enabled")
+    docs = validated(given({"provider": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}}}}),
                      "PrometheusRule")
     rule = find(docs, "PrometheusRule", PROVIDER)
     if not check(rule is not None, "PrometheusRule: not rendered when enabled"):
@@ -534,9 +606,9 @@ def dashboard():
     """The Grafana dashboard: absent by default; when enabled a ConfigMap labelled for
     Grafana's sidecar holding deploy/grafana/oci-provider.json exactly; every panel query
     valid PromQL by promtool (each as a recording rule)."""
-    check(not any(d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {}) for _, d in render(None)),
+    check(not any(d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {}) for _, d in render(given())),
           "defaults: no dashboard ConfigMap unless enabled")
-    docs = validated({"provider": {"monitoring": {"grafanaDashboard": {"enabled": True, "labels": {"team": "platform"}}}}},
+    docs = validated(given({"provider": {"monitoring": {"grafanaDashboard": {"enabled": True, "labels": {"team": "platform"}}}}}),
                      "dashboard")
     cm = find(docs, "ConfigMap", f"{PROVIDER}-dashboard")
     if not check(cm is not None, "dashboard: no ConfigMap when enabled"):
@@ -616,8 +688,29 @@ def sync_controller():
     return docs
 
 
+def kube_version_floor():
+    """Chart.yaml's kubeVersion is the bundled driver chart's (Helm checks the parent
+    chart's only): an install on an older Kubernetes fails naming it, with or without the
+    driver; the oldest version tested installs."""
+    (req,) = requirements()
+    with tarfile.open(CHART / "charts" / f"{req['name']}-{req['version']}.tgz") as tar:
+        driver = yaml.safe_load(tar.extractfile(f"{req['name']}/Chart.yaml"))["kubeVersion"]
+    ours_ = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    check(ours_ == driver == ">=1.30.0-0", f"Chart.yaml kubeVersion {ours_!r}, the driver chart's {driver!r}")
+    for values in [given(), given({"secrets-store-csi-driver": {"install": False}})]:
+        try:
+            dry_run(values, "1.29.0")
+            failures.append(f"an install on Kubernetes 1.29 must fail ({values.get('secrets-store-csi-driver')})")
+        except helm_python.HelmError as e:
+            check(f"chart requires kubeVersion: {ours_}" in str(e), f"Kubernetes 1.29: {e}")
+    try:
+        dry_run(given(), KUBE_VERSIONS[0])
+    except helm_python.HelmError as e:
+        failures.append(f"an install on Kubernetes {KUBE_VERSIONS[0]} must work: {e}")
+
+
 def without_driver():
-    docs = validated({"secrets-store-csi-driver": {"install": False}}, "without the driver")
+    docs = validated(given({"secrets-store-csi-driver": {"install": False}}), "without the driver")
     check(all(not p.startswith(f"{PROVIDER}/charts/") for p, _ in docs), "install: false still renders the driver")
     return docs
 
@@ -633,11 +726,11 @@ def refusals():
         ({"provider": {"removeNodeTaint": "Not A Taint Key!"}}, "removeNodeTaint"),
     ]
     for values, name in cases:
-        error = render_error(values)
+        error = render_error(given(values))
         check(error is not None and name in error, f"values {values} must fail naming {name!r}: {error}")
-    error = render_error({"provider": {"socketHostDir": "/srv/sockets"}})
+    error = render_error(given({"provider": {"socketHostDir": "/srv/sockets"}}))
     check(error is not None and "linux.providersDir" in error, f"a socketHostDir the driver does not scan must fail: {error}")
-    error = render_error({"provider": {"resources": {"limits": {"memory": "32Mi"}}}})
+    error = render_error(given({"provider": {"resources": {"limits": {"memory": "32Mi"}}}}))
     check(error is not None and "limits.memory" in error, f"a memory limit nothing fits in must fail: {error}")
 
 
@@ -675,10 +768,29 @@ def dockerfile():
             check((f"--features {features}" in out) == bool(features), f"Dockerfile with FEATURES={features!r}: {out}")
 
 
+# deploy/provider.yaml's region: the chart requires one, and a plain manifest cannot fail
+# to render, so it carries this instead, which the provider refuses at start (a region
+# with spaces) naming it. The chart is rendered with REGION and the value replaced.
+REGION_PLACEHOLDER = "SET ME: the OCI region of the cluster, e.g. us-ashburn-1"
+
+
 def plain(docs):
-    header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`; do not edit.\n"
-              "# The chart's defaults without the driver (install it with its own chart or manifests).\n")
-    return header + "".join("---\n" + yaml.safe_dump(doc, sort_keys=False) for _, doc in docs)
+    header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`: change the chart, not this file.\n"
+              "# The chart's defaults without the driver (install it with its own chart or manifests).\n"
+              "# Before applying, set the region (the chart's required resourcePrincipalRegion):\n"
+              "#   sed \"s/'SET ME: [^']*'/us-ashburn-1/\" deploy/provider.yaml | kubectl apply -f -\n"
+              "# The driver needs linux.providersDir=/var/run/secrets-store-csi-providers and\n"
+              "# tokenRequests[0].audience=\"\" (the provider's TokenRequest fallback is off).\n")
+    out = []
+    for _, doc in docs:
+        if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == PROVIDER:
+            doc = json.loads(json.dumps(doc))
+            for env in doc["spec"]["template"]["spec"]["containers"][0]["env"]:
+                if env["name"] == "OCI_RESOURCE_PRINCIPAL_REGION":
+                    check(env["value"] == REGION, f"deploy/provider.yaml: the region rendered {env['value']!r}")
+                    env["value"] = REGION_PLACEHOLDER
+        out.append("---\n" + yaml.safe_dump(doc, sort_keys=False))
+    return header + "".join(out)
 
 
 def args_file(renders):
@@ -713,6 +825,7 @@ def main():
     sync_docs = sync_controller()
     plain_docs = without_driver()
     refusals()
+    kube_version_floor()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
