@@ -39,6 +39,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import textwrap
 
 import jsonschema
 import sys
@@ -688,6 +689,71 @@ def sync_controller():
     return docs
 
 
+def notes():
+    """templates/NOTES.txt as `helm install` prints it: readiness, a SecretProviderClass and
+    a pod (valid, the class's provider `oci`, its authType one the release allows) and the
+    IAM statement of each allowed principal; without the driver, what the operator's driver
+    needs; the existing profiling and Go-image warnings."""
+    workload = ("Allow any-user to read secret-bundles in compartment <compartment> where all {request.principal.type = 'workload', "
+                "request.principal.namespace = 'app', request.principal.service_account = 'app', "
+                "request.principal.cluster_id = '<cluster OCID>'}")
+    federated = "Allow group '<identity domain>'/'<group>' to read secret-bundles in compartment <compartment>"
+    instance = "Allow dynamic-group <nodes' dynamic group> to read secret-bundles in compartment <compartment>"
+    user = "Allow group <user's group> to read secret-bundles in compartment <compartment>"
+    driver_tokens = "--set 'tokenRequests[0].audience="
+    types = lambda i, u, w: {"provider": {"oci": {"auth": {"types": {
+        "instance": {"enabled": i}, "user": {"enabled": u}, "workload": {"enabled": w}}}}}}
+    no_driver = {"secrets-store-csi-driver": {"install": False}}
+    fed = {"enabled": True, "domainUrl": "https://idcs-0123.identity.oraclecloud.com", "audience": "oci-federation",
+           "useInstancePrincipal": True}
+    cases = [
+        # label, values, auth type of the example, texts it must hold, texts it must not
+        ("defaults", given(), "workload", [workload, instance, user, "--selector='app.kubernetes.io/name in"],
+         [federated, driver_tokens, "WARNING", "Profiling is on"]),
+        ("instance alone", given(types(True, False, False)), "instance", [instance], [workload, user, federated]),
+        ("user alone", given(types(False, True, False)), "user", [user, "authSecretName: oci-config"], [workload, instance]),
+        ("without the driver", given(no_driver), "workload",
+         ["its linux.providersDir must be\n/var/run/secrets-store-csi-providers", driver_tokens + "'",
+          "--set provider.oci.auth.types.workload.tokenRequest=true", workload], []),
+        ("without the driver, the fallback on",
+         given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}}})),
+         "workload", ["linux.providersDir"], [driver_tokens]),
+        ("without the driver, federation", given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"federation": fed}}}}}})),
+         "workload", [federated, driver_tokens + "oci-federation'", 'audience "oci-federation"'], [workload]),
+        ("Go chart values", values_file("go-chart-values.yaml"), "workload",
+         ["WARNING: provider.image.repository is oci-secrets-store-csi-driver-provider", "Profiling is on"], []),
+    ]
+    for label, values, auth_type, present, absent in cases:
+        try:
+            text = dry_run(values)["notes"]
+        except helm_python.HelmError as e:
+            failures.append(f"NOTES ({label}): {e}")
+            continue
+        for s in present:
+            check(s in text, f"NOTES ({label}) lack {s!r}:\n{text}")
+        for s in absent:
+            check(s not in text, f"NOTES ({label}) must not say {s!r}:\n{text}")
+        # The example, as the operator would apply it.
+        start, end = text.find("then kubectl apply -f this):\n"), text.find("\nAnd an OCI IAM policy")
+        if not check(0 < start < end, f"NOTES ({label}): no example"):
+            continue
+        docs = list(yaml.safe_load_all(textwrap.dedent(text[text.index("\n", start) + 1:end])))
+        kinds = [d["kind"] for d in docs]
+        if not check(kinds == ["SecretProviderClass", "Pod"], f"NOTES ({label}): the example holds {kinds}"):
+            continue
+        spc, pod = docs
+        try:
+            kubernetes_validate.validate(pod, KUBE_VERSIONS[0], strict=True)
+        except kubernetes_validate.ValidationError as e:
+            failures.append(f"NOTES ({label}): the example pod: {e.message}")
+        volume = pod["spec"]["volumes"][0]["csi"]
+        check(spc["spec"]["provider"] == "oci" and spc["spec"]["parameters"]["authType"] == auth_type
+              and volume["driver"] == "secrets-store.csi.k8s.io"
+              and volume["volumeAttributes"]["secretProviderClass"] == spc["metadata"]["name"]
+              and spc["metadata"]["namespace"] == pod["metadata"]["namespace"],
+              f"NOTES ({label}): the example {docs}")
+
+
 def kube_version_floor():
     """Chart.yaml's kubeVersion is the bundled driver chart's (Helm checks the parent
     chart's only): an install on an older Kubernetes fails naming it, with or without the
@@ -826,6 +892,7 @@ def main():
     plain_docs = without_driver()
     refusals()
     kube_version_floor()
+    notes()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
