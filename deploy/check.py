@@ -2,19 +2,35 @@
 """The chart's tests, with the real Helm engine (helm-python-sdk) and the Kubernetes schemas
 offline (kubernetes-validate).
 
-- `helm lint --strict` for two Kubernetes minor versions, with the defaults and with the
-  Go chart's default values file;
-- renders: defaults; each auth type alone; a digest pin (tag@digest), and the release's pin
+- `helm lint --strict` for each Kubernetes version tested (1.30, 1.33, 1.35), with the
+  defaults and with the Go chart's default values file;
+- renders: defaults (given the one value they require, the region; without it the render
+  fails naming it, an example and where to find it; none is needed without workload
+  identity); each auth type alone; a digest pin (tag@digest), and the release's pin
   (Chart.yaml's annotation) only for the chart's own image; the Go chart's own
   default values (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
   (deploy/tests/every-value.yaml; provider.removeNodeTaint: its flag, NODE_NAME, its
   toleration and node rights, which the defaults lack); workload identity federation by
   client secret and by the instance principal; the driver left out — each validated
-  against the Kubernetes schemas of both versions and checked for what it must contain;
+  against the Kubernetes schemas of every version and checked for what it must contain;
+- service-account tokens as the README recommends by default: the bundled driver's
+  CSIDriver asks tokens for the audience "", the provider's TokenRequest fallback is off
+  and it has no serviceaccounts/token right; a bundled driver without the audience and
+  no fallback is refused;
 - values.schema.json refuses misspelt names and wrong types, the templates refuse a
   socket directory the driver does not scan, a memory limit nothing fits in, and federation
   settings the provider could not start with;
-- deploy/provider.yaml is the default rendering without the driver, and
+- Chart.yaml's kubeVersion is the bundled driver chart's (>=1.30.0-0): `helm install
+  --dry-run` on Kubernetes 1.29 fails, with or without the driver;
+- NOTES.txt as `helm install` prints it, for seven value sets: readiness, an example
+  SecretProviderClass (provider oci, an allowed authType) and pod (schema-valid), the IAM
+  statement of each allowed principal, what a driver installed separately needs, and the
+  profiling and Go-image warnings;
+- `helm show readme` prints the chart's README.md, from the directory and from the package
+  (and this check fails a chart without it or with it in .helmignore); the values the
+  README names exist, and so does the section NOTES.txt points at;
+- deploy/provider.yaml is the default rendering without the driver (its region a
+  placeholder the provider refuses at start), and
   deploy/tests/rendered-args.json the provider container's args and env of the default,
   Go-values and federation renderings (the provider's own tests parse them with its real flag and config
   code); the vendored driver chart matches Chart.lock;
@@ -27,10 +43,13 @@ offline (kubernetes-validate).
 - the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
   our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
   controller's chart has no values schema), its image the chart's (tag, and digest once a
-  release pins it); its container's args and env go in rendered-args.json too.
+  release pins it); its container's args and env go in rendered-args.json too;
+- the Dockerfile copies only paths that exist and .dockerignore keeps, pins its base
+  images by digest, and wires FEATURES to cargo.
 
-`python3 deploy/check.py --write` regenerates the two generated files.
-Needs: pip install helm-python-sdk kubernetes-validate pyyaml
+`python3 deploy/check.py --write` regenerates the generated files (provider.yaml,
+rendered-args.json, files/alerts.yaml, files/dashboard.json).
+Needs: pip install helm-python-sdk kubernetes-validate pyyaml "jsonschema>=4.18"
 """
 import json
 import os
@@ -754,6 +773,49 @@ def notes():
               f"NOTES ({label}): the example {docs}")
 
 
+def readme_problem(chart_path):
+    """What keeps `helm show readme` from printing the chart's README.md, from the chart's
+    directory and from its package (what `helm package` ships, .helmignore applied), or
+    None. Helm prints the file and a newline."""
+    path = chart_path / "README.md"
+    if not path.exists():
+        return f"{path} is missing"
+    want = path.read_text() + "\n"
+    shown = helm_python.show(str(chart_path), output_format="readme")
+    if shown != want:
+        return f"helm show readme {chart_path} prints {len(shown)} characters, not README.md's"
+    with tempfile.TemporaryDirectory() as temp:
+        archive = helm_python.package(str(chart_path), destination=temp)
+        shown = helm_python.show(archive, output_format="readme")
+        if shown != want:
+            return f"helm show readme of the packaged chart prints {len(shown)} characters, not README.md's"
+    return None
+
+
+def readme():
+    """`helm show readme` prints the chart's README.md, packaged too; and this check fails
+    a chart without it, or one whose .helmignore leaves it out of the package."""
+    problem = readme_problem(CHART)
+    check(problem is None, f"the chart's README: {problem}")
+    text = (CHART / "README.md").read_text() if (CHART / "README.md").exists() else ""
+    # The section NOTES.txt points at, and every value the README names, exist.
+    check("\n## IAM policies\n" in text, "the chart's README has no IAM policies section (NOTES.txt points there)")
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for name in sorted(set(re.findall(r"[`\s]((?:provider|secrets-store-csi-driver)\.[A-Za-z0-9.]*[A-Za-z0-9])[`=\s]", text))):
+        node = defaults
+        for key in name.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        check(node is not None, f"the chart's README names {name}, which values.yaml lacks")
+    with tempfile.TemporaryDirectory() as temp:
+        for label, breaking in [("without README.md", lambda c: (c / "README.md").unlink()),
+                                ("with README.md in .helmignore",
+                                 lambda c: (c / ".helmignore").write_text((c / ".helmignore").read_text() + "README.md\n"))]:
+            chart = pathlib.Path(temp) / label.replace(" ", "-").replace(".", "") / CHART.name
+            shutil.copytree(CHART, chart)
+            breaking(chart)
+            check(readme_problem(chart) is not None, f"the README check passes a chart {label}")
+
+
 def kube_version_floor():
     """Chart.yaml's kubeVersion is the bundled driver chart's (Helm checks the parent
     chart's only): an install on an older Kubernetes fails naming it, with or without the
@@ -893,6 +955,7 @@ def main():
     refusals()
     kube_version_floor()
     notes()
+    readme()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
@@ -905,7 +968,7 @@ def main():
         sys.exit("deploy checks failed:\n  " + "\n  ".join(failures))
     print(f"deploy: chart lints clean, every rendering valid for Kubernetes {' and '.join(KUBE_VERSIONS)}, "
           f"Go values and every value render as expected, misspelt values refused, the sync controller's chart "
-          f"renders our sidecar, generated files in sync")
+          f"renders our sidecar, NOTES and README as Helm prints them, generated files in sync")
 
 
 if __name__ == "__main__":
