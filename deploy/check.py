@@ -22,7 +22,7 @@ offline (kubernetes-validate).
   settings the provider could not start with;
 - Chart.yaml's kubeVersion is the bundled driver chart's (>=1.30.0-0): `helm install
   --dry-run` on Kubernetes 1.29 fails, with or without the driver;
-- NOTES.txt as `helm install` prints it, for seven value sets: readiness, an example
+- NOTES.txt as `helm install` prints it, for eight value sets: readiness, an example
   SecretProviderClass (provider oci, an allowed authType) and pod (schema-valid), the IAM
   statement of each allowed principal, what a driver installed separately needs, and the
   profiling and Go-image warnings;
@@ -739,6 +739,10 @@ def notes():
          "workload", ["linux.providersDir"], [driver_tokens]),
         ("without the driver, federation", given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"federation": fed}}}}}})),
          "workload", [federated, driver_tokens + "oci-federation'", 'audience "oci-federation"'], [workload]),
+        ("federation, RPST", given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"federation": dict(
+            fed, requestedTokenType="urn:oci:token-type:oci-rpst", resourceType="k8sworkload")}}}}}})), "workload",
+         ["request.principal.type = 'identityfederateddomainapp', request.principal.name = 'system:serviceaccount:app:app'"],
+         [federated, workload]),
         ("Go chart values", values_file("go-chart-values.yaml"), "workload",
          ["WARNING: provider.image.repository is oci-secrets-store-csi-driver-provider", "Profiling is on"], []),
     ]
