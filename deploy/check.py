@@ -2,19 +2,35 @@
 """The chart's tests, with the real Helm engine (helm-python-sdk) and the Kubernetes schemas
 offline (kubernetes-validate).
 
-- `helm lint --strict` for two Kubernetes minor versions, with the defaults and with the
-  Go chart's default values file;
-- renders: defaults; each auth type alone; a digest pin (tag@digest), and the release's pin
+- `helm lint --strict` for each Kubernetes version tested (1.30, 1.33, 1.35), with the
+  defaults and with the Go chart's default values file;
+- renders: defaults (given the one value they require, the region; without it the render
+  fails naming it, an example and where to find it; none is needed without workload
+  identity); each auth type alone; a digest pin (tag@digest), and the release's pin
   (Chart.yaml's annotation) only for the chart's own image; the Go chart's own
   default values (deploy/tests/go-chart-values.yaml); every value beyond the Go chart's
   (deploy/tests/every-value.yaml; provider.removeNodeTaint: its flag, NODE_NAME, its
   toleration and node rights, which the defaults lack); workload identity federation by
   client secret and by the instance principal; the driver left out — each validated
-  against the Kubernetes schemas of both versions and checked for what it must contain;
+  against the Kubernetes schemas of every version and checked for what it must contain;
+- service-account tokens as the README recommends by default: the bundled driver's
+  CSIDriver asks tokens for the audience "", the provider's TokenRequest fallback is off
+  and it has no serviceaccounts/token right; a bundled driver without the audience and
+  no fallback is refused;
 - values.schema.json refuses misspelt names and wrong types, the templates refuse a
   socket directory the driver does not scan, a memory limit nothing fits in, and federation
   settings the provider could not start with;
-- deploy/provider.yaml is the default rendering without the driver, and
+- Chart.yaml's kubeVersion is the bundled driver chart's (>=1.30.0-0): `helm install
+  --dry-run` on Kubernetes 1.29 fails, with or without the driver;
+- NOTES.txt as `helm install` prints it, for eight value sets: readiness, an example
+  SecretProviderClass (provider oci, an allowed authType) and pod (schema-valid), the IAM
+  statement of each allowed principal, what a driver installed separately needs, and the
+  profiling and Go-image warnings;
+- `helm show readme` prints the chart's README.md, from the directory and from the package
+  (and this check fails a chart without it or with it in .helmignore); the values the
+  README names exist, and so does the section NOTES.txt points at;
+- deploy/provider.yaml is the default rendering without the driver (its region a
+  placeholder the provider refuses at start), and
   deploy/tests/rendered-args.json the provider container's args and env of the default,
   Go-values and federation renderings (the provider's own tests parse them with its real flag and config
   code); the vendored driver chart matches Chart.lock;
@@ -27,10 +43,13 @@ offline (kubernetes-validate).
 - the secrets-store-sync-controller's own chart (v0.0.4, deploy/tests/charts/) rendered with
   our sidecar block deploy/sync-controller/values.yaml and validated the same way (the
   controller's chart has no values schema), its image the chart's (tag, and digest once a
-  release pins it); its container's args and env go in rendered-args.json too.
+  release pins it); its container's args and env go in rendered-args.json too;
+- the Dockerfile copies only paths that exist and .dockerignore keeps, pins its base
+  images by digest, and wires FEATURES to cargo.
 
-`python3 deploy/check.py --write` regenerates the two generated files.
-Needs: pip install helm-python-sdk kubernetes-validate pyyaml
+`python3 deploy/check.py --write` regenerates the generated files (provider.yaml,
+rendered-args.json, files/alerts.yaml, files/dashboard.json).
+Needs: pip install helm-python-sdk kubernetes-validate pyyaml "jsonschema>=4.18"
 """
 import json
 import os
@@ -39,6 +58,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import textwrap
 
 import jsonschema
 import sys
@@ -77,6 +97,12 @@ CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 PINNED = "oci-vault-csi.github.io/image"
 # The rule workload identity needs to read the service-account issuer's keys.
 ISSUER_RULE = (("/.well-known/openid-configuration", "/openid/v1/jwks"), ("get",))
+# The one value the chart requires with its defaults: workload identity's region (no
+# default; templates/_helpers.tpl fails without it). The renderings labelled "defaults" pass
+# the Go chart's, so they differ from Chart.yaml's defaults by that value only.
+REGION = "us-ashburn-1"
+TOKEN_RULE = (("serviceaccounts/token",), ("create",))
+SECRETS_RULE = (("secrets",), ("get",))
 
 failures = []
 
@@ -85,6 +111,19 @@ def check(condition, message):
     if not condition:
         failures.append(message)
     return condition
+
+
+def merged(base, over):
+    """Helm's merge of a values file over another: maps merge, anything else replaces."""
+    out = dict(base)
+    for key, value in (over or {}).items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def given(values=None):
+    """`values` plus the region the chart requires while workload identity is on."""
+    return merged({"provider": {"oci": {"auth": {"types": {"workload": {"resourcePrincipalRegion": REGION}}}}}}, values)
 
 
 def values_file(name):
@@ -108,6 +147,18 @@ def render(values, kube_version=None, chart_path=CHART, release=RELEASE, namespa
             if doc:
                 docs.append((path, doc))
     return docs
+
+
+def dry_run(values, kube_version=None, chart_path=CHART):
+    """`helm install --dry-run=client --kube-version`: the release Helm would install, with
+    its NOTES.txt rendered, and Helm's check of Chart.yaml's kubeVersion, both of which the
+    bare render above skips. Config.install has no kube_version; the native call takes it."""
+    opts = {"namespace": NAMESPACE, "dry_run": "client", "kube_version": "v" + (kube_version or KUBE_VERSIONS[0])}
+    with helm_python.Config(storage_driver="memory", namespace=NAMESPACE) as config, \
+            helm_python.Chart.load(str(chart_path)) as chart:
+        return json.loads(helm_python._native.call_string(
+            "helm_install", config._raw(), helm_python._native.HANDLE(0), chart._raw(), None, RELEASE,
+            json.dumps(values) if values is not None else None, json.dumps(opts)))
 
 
 def render_error(values):
@@ -208,7 +259,7 @@ def memory_model(docs, baseline_mib):
 
 def lint():
     for version in KUBE_VERSIONS:
-        for label, values in [("defaults", None), ("Go chart values", values_file("go-chart-values.yaml"))]:
+        for label, values in [("defaults", given()), ("Go chart values", values_file("go-chart-values.yaml"))]:
             report = helm_python.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v" + version)
             problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
             check(not problems, f"helm lint --strict ({label}, Kubernetes {version}): {problems}")
@@ -228,7 +279,7 @@ def vendored_driver():
 
 
 def defaults_and_auth():
-    defaults = validated(None, "defaults")
+    defaults = validated(given(), "defaults")
     kinds = sorted(d["kind"] for _, d in ours(defaults))
     check(kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"],
           f"defaults render {kinds}")
@@ -253,21 +304,49 @@ def defaults_and_auth():
           and not any(a.startswith("--remove-node-taint") for a in container["args"]),
           "defaults: the startup taint removal is off (no flag, no node rights)")
 
-    def auth(instance, user, workload, token_request=True):
-        return {"provider": {"oci": {"auth": {"types": {
-            "instance": {"enabled": instance}, "user": {"enabled": user},
-            "workload": {"enabled": workload, "tokenRequest": token_request}}}}}}
+    # The recommended token set-up is the default: the bundled driver hands the provider
+    # the pod's token for its audience (""), the provider's TokenRequest fallback is off,
+    # and so it gets no right to mint tokens.
+    csidriver = find(defaults, "CSIDriver", "secrets-store.csi.k8s.io")
+    check(csidriver is not None and csidriver["spec"].get("tokenRequests") == [{"audience": ""}],
+          f"defaults: the driver's CSIDriver must ask tokens for the audience \"\": {csidriver and csidriver['spec']}")
+    env = env_of(container)
+    check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == "false", f"defaults: the TokenRequest fallback must be off: {env}")
+    check(TOKEN_RULE not in rbac_rules(defaults), f"defaults: no serviceaccounts/token right: {rbac_rules(defaults)}")
+    check(rbac_rules(defaults) == [ISSUER_RULE, SECRETS_RULE], f"defaults: RBAC {rbac_rules(defaults)}")
+    check(env.get("OCI_RESOURCE_PRINCIPAL_REGION") == REGION, f"defaults: the region given: {env}")
 
-    token = (("serviceaccounts/token",), ("create",))
-    secrets = (("secrets",), ("get",))
+    # The region is required while workload identity is on: the defaults alone fail naming
+    # it, with an example and where to find it; a short code renders; off, none is needed.
+    error = render_error(None)
+    check(error is not None and all(s in error for s in [
+        "provider.oci.auth.types.workload.resourcePrincipalRegion is required",
+        "--set provider.oci.auth.types.workload.resourcePrincipalRegion=us-ashburn-1",
+        "ocid1.cluster.oc1.<region>", "topology.kubernetes.io/region", "workload.enabled=false"]),
+          f"the defaults without a region must fail naming the value, an example and where to find it: {error}")
+    env = env_of(provider_container(render(merged(given(), {"provider": {"oci": {"auth": {"types": {"workload": {"resourcePrincipalRegion": "iad"}}}}}}))))
+    check(env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "iad", f"a short-code region renders: {env}")
+    error = render_error({"provider": {"oci": {"auth": {"types": {"workload": {"enabled": False}}}}}})
+    check(error is None, f"without workload identity no region is needed: {error}")
+
+    def auth(instance, user, workload, token_request=None):
+        # The region only where workload identity needs it (the env, a cases' check below).
+        types = {"instance": {"enabled": instance}, "user": {"enabled": user}, "workload": {"enabled": workload}}
+        if workload:
+            types["workload"]["resourcePrincipalRegion"] = REGION
+        if token_request is not None:
+            types["workload"]["tokenRequest"] = token_request
+        return {"provider": {"oci": {"auth": {"types": types}}}}
+
+    token, secrets = TOKEN_RULE, SECRETS_RULE
     # Workload identity verifies the tokens mounts supply against the issuer's keys.
     issuer = ISSUER_RULE
     cases = [
         ("instance alone", auth(True, False, False), [], "false", "[instance]"),
         ("user alone", auth(False, True, False), [secrets], "false", "[user]"),
-        ("workload alone", auth(False, False, True), [issuer, token], "true", "[workload]"),
-        ("workload with driver tokens", auth(False, False, True, False), [issuer], "false", "[workload]"),
-        ("workload and user", auth(False, True, True), [issuer, secrets, token], "true", "[user, workload]"),
+        ("workload alone", auth(False, False, True), [issuer], "false", "[workload]"),
+        ("workload with the TokenRequest fallback", auth(False, False, True, True), [issuer, token], "true", "[workload]"),
+        ("workload and user, the fallback on", auth(False, True, True, True), [issuer, secrets, token], "true", "[user, workload]"),
     ]
     check(env_of(provider_container(defaults)).get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == "[user, instance, workload]",
           "defaults: every auth type allowed")
@@ -280,6 +359,13 @@ def defaults_and_auth():
         check(env.get("OCI_PROVIDER_AUTH__ALLOWED_TYPES") == allowed, f"{label}: allowed_types {env}")
         check(("OCI_RESOURCE_PRINCIPAL_REGION" in env) == values["provider"]["oci"]["auth"]["types"]["workload"]["enabled"],
               f"{label}: OCI_RESOURCE_PRINCIPAL_* only with workload identity")
+    # Without the fallback the bundled driver must send the audience's tokens.
+    error = render_error(given({"secrets-store-csi-driver": {"tokenRequests": []}}))
+    check(error is not None and 'the audience "" is not in secrets-store-csi-driver.tokenRequests' in error,
+          f"no driver tokens and no fallback must fail: {error}")
+    check(render_error(given({"secrets-store-csi-driver": {"tokenRequests": []},
+                              "provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}}})) is None,
+          "no driver tokens with the fallback on must render")
     error = render_error(auth(False, False, False))
     check(error is not None and "every auth type is disabled" in error, f"no auth type at all must fail: {error}")
     return defaults
@@ -287,14 +373,14 @@ def defaults_and_auth():
 
 def digest_pin():
     digest = "sha256:" + "ab" * 32
-    docs = validated({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}, "digest pin")
+    docs = validated(given({"provider": {"image": {"repository": "registry.example.com/p", "tag": "1.2.3", "digest": digest}}}), "digest pin")
     image = provider_container(docs)["image"]
     check(image == f"registry.example.com/p:1.2.3@{digest}", f"digest pin: image {image}")
-    docs = validated({"provider": {"image": {"digest": digest}}}, "digest pin, the chart's tag")
+    docs = validated(given({"provider": {"image": {"digest": digest}}}), "digest pin, the chart's tag")
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     image = provider_container(docs)["image"]
     check(image.endswith(f":{chart_meta['appVersion']}@{digest}"), f"digest pin without a tag: image {image}")
-    error = render_error({"provider": {"image": {"digest": "sha256:short"}}})
+    error = render_error(given({"provider": {"image": {"digest": "sha256:short"}}}))
     check(error is not None and "digest" in error, f"a malformed digest must fail the schema: {error}")
 
 
@@ -305,7 +391,7 @@ def release_pin():
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     own = f"ghcr.io/oci-vault-csi/{PROVIDER}:{chart_meta['appVersion']}"
     check(chart_meta["annotations"][PINNED].split("@")[0] == own, f"Chart.yaml: {PINNED} is not {own}[@digest]")
-    check(provider_container(render(None))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
+    check(provider_container(render(given()))["image"] == chart_meta["annotations"][PINNED], "defaults: the chart's own image")
     pinned = own + "@sha256:" + "cd" * 32
     explicit = "sha256:" + "ef" * 32
     with tempfile.TemporaryDirectory() as temp:
@@ -313,7 +399,7 @@ def release_pin():
         shutil.copytree(CHART, chart)
         text = (chart / "Chart.yaml").read_text()
         (chart / "Chart.yaml").write_text(text.replace(f"{PINNED}: {chart_meta['annotations'][PINNED]}", f"{PINNED}: {pinned}"))
-        image = lambda values: provider_container(render(values, chart_path=chart))["image"]
+        image = lambda values: provider_container(render(given(values), chart_path=chart))["image"]
         check(image(None) == pinned, f"a pinned chart's defaults: image {image(None)}")
         check(image(values_file("go-chart-values.yaml")) == f"{PROVIDER}:{chart_meta['appVersion']}",
               f"a pinned chart with the Go values: image {image(values_file('go-chart-values.yaml'))}")
@@ -338,8 +424,12 @@ def go_values():
     env = env_of(container)
     check(env.get("OCI_RESOURCE_PRINCIPAL_VERSION") == "2.2" and env.get("OCI_RESOURCE_PRINCIPAL_REGION") == "us-ashburn-1", f"Go values: env {env}")
     check(container["resources"]["limits"] == {"cpu": "50m", "memory": "100Mi"}, f"Go values: resources {container['resources']}")
-    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
-          f"Go values: RBAC {rbac_rules(docs)}")
+    # The Go values know no tokenRequest(s): the chart's defaults hold, the bundled driver
+    # sends the tokens and the provider gets no TokenRequest right.
+    check(rbac_rules(docs) == [ISSUER_RULE, SECRETS_RULE], f"Go values: RBAC {rbac_rules(docs)}")
+    check(env.get("OCI_PROVIDER_AUTH__TOKEN_REQUEST") == "false"
+          and find(docs, "CSIDriver", "secrets-store.csi.k8s.io")["spec"].get("tokenRequests") == [{"audience": ""}],
+          f"Go values: the driver's tokens, no fallback: {env}")
     # Same object names and selector as the Go chart: `helm upgrade` patches in place.
     ds = find(docs, "DaemonSet", PROVIDER)
     check(ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": PROVIDER}, "Go values: the Go chart's selector")
@@ -429,7 +519,9 @@ def federation():
         base = {"enabled": True, "domainUrl": "https://idcs-0123.identity.oraclecloud.com", "audience": "oci-federation",
                 "clientId": "k8s-csi-runtime", "clientSecret": {"name": "oci-federation", "key": "client-secret"}}
         base.update(f)
-        return {"provider": {"oci": {"auth": {"types": {"workload": {"federation": base}}}}}}
+        # The driver asks tokens for the federation's audience (the fallback is off).
+        return given({"provider": {"oci": {"auth": {"types": {"workload": {"federation": base}}}}},
+                      "secrets-store-csi-driver": {"tokenRequests": [{"audience": "oci-federation"}]}})
 
     basic = docs = validated(values(), "federation")
     container = provider_container(docs)
@@ -453,8 +545,7 @@ def federation():
     check(mount == {"name": "federation-client-secret", "mountPath": "/etc/oci-federation", "readOnly": True},
           f"federation: the secret mount {mount}")
     # The secret is a file: the provider's RBAC gains nothing for it.
-    check(rbac_rules(docs) == [ISSUER_RULE, (("secrets",), ("get",)), (("serviceaccounts/token",), ("create",))],
-          f"federation: RBAC {rbac_rules(docs)}")
+    check(rbac_rules(docs) == [ISSUER_RULE, SECRETS_RULE], f"federation: RBAC {rbac_rules(docs)}")
 
     instance = values(clientId="", clientSecret={"name": ""}, useInstancePrincipal=True,
                       requestedTokenType="urn:oci:token-type:oci-rpst", resourceType="k8sworkload")
@@ -465,12 +556,13 @@ def federation():
           and "OCI_WORKLOAD_IDENTITY_CLIENT_ID" not in env, f"federation by the instance principal: env {env}")
     check(all(v["name"] != "federation-client-secret" for v in find(docs, "DaemonSet", PROVIDER)["spec"]["template"]["spec"]["volumes"]),
           "federation by the instance principal: no secret volume")
-    check("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM" not in env_of(provider_container(render(None))), "defaults: no federation")
+    check("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM" not in env_of(provider_container(render(given()))), "defaults: no federation")
 
+    fallback = merged(values(), {"provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}},
+                                 "secrets-store-csi-driver": {"tokenRequests": [{"audience": ""}]}})
+    docs = validated(fallback, "federation with the TokenRequest fallback")
+    check(TOKEN_RULE in rbac_rules(docs), f"federation with the fallback: RBAC {rbac_rules(docs)}")
     driver_tokens = values()
-    driver_tokens["provider"]["oci"]["auth"]["types"]["workload"]["tokenRequest"] = False
-    driver_tokens["secrets-store-csi-driver"] = {"tokenRequests": [{"audience": "oci-federation"}]}
-    validated(driver_tokens, "federation with the driver's tokens")
     refused = [
         (values(domainUrl=""), "needs domainUrl"),
         (values(audience=""), "needs audience"),
@@ -490,7 +582,7 @@ def federation():
 
 
 def network_policy():
-    docs = validated({"provider": {"networkPolicy": {"enabled": True}}}, "network policy")
+    docs = validated(given({"provider": {"networkPolicy": {"enabled": True}}}), "network policy")
     policy = find(docs, "NetworkPolicy")
     check(policy is not None, "networkPolicy.enabled renders a NetworkPolicy")
     ingress = policy["spec"]["ingress"]
@@ -501,16 +593,16 @@ def network_policy():
           and ingress[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
           f"metrics port only from the monitoring namespace by default: {ingress[1]}")
     peers = [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]
-    docs = validated({"provider": {"networkPolicy": {"enabled": True, "metricsFrom": peers}}}, "network policy peers")
+    docs = validated(given({"provider": {"networkPolicy": {"enabled": True, "metricsFrom": peers}}}), "network policy peers")
     check(find(docs, "NetworkPolicy")["spec"]["ingress"][1]["from"] == peers, "networkPolicy.metricsFrom")
-    check(find(validated(None, "defaults"), "NetworkPolicy") is None, "no NetworkPolicy by default")
+    check(find(render(given()), "NetworkPolicy") is None, "no NetworkPolicy by default")
 
 
 def monitoring():
     """The PrometheusRule: absent by default, and when enabled the alert rules of
     deploy/prometheus/alerts.yaml exactly, valid by the operator's CRD (in validated())."""
-    check(find(render(None), "PrometheusRule") is None, "defaults: no PrometheusRule unless enabled")
-    docs = validated({"provider": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}}}},
+    check(find(render(given()), "PrometheusRule") is None, "defaults: no PrometheusRule unless enabled")
+    docs = validated(given({"provider": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}}}}),
                      "PrometheusRule")
     rule = find(docs, "PrometheusRule", PROVIDER)
     if not check(rule is not None, "PrometheusRule: not rendered when enabled"):
@@ -534,9 +626,9 @@ def dashboard():
     """The Grafana dashboard: absent by default; when enabled a ConfigMap labelled for
     Grafana's sidecar holding deploy/grafana/oci-provider.json exactly; every panel query
     valid PromQL by promtool (each as a recording rule)."""
-    check(not any(d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {}) for _, d in render(None)),
+    check(not any(d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {}) for _, d in render(given())),
           "defaults: no dashboard ConfigMap unless enabled")
-    docs = validated({"provider": {"monitoring": {"grafanaDashboard": {"enabled": True, "labels": {"team": "platform"}}}}},
+    docs = validated(given({"provider": {"monitoring": {"grafanaDashboard": {"enabled": True, "labels": {"team": "platform"}}}}}),
                      "dashboard")
     cm = find(docs, "ConfigMap", f"{PROVIDER}-dashboard")
     if not check(cm is not None, "dashboard: no ConfigMap when enabled"):
@@ -616,8 +708,141 @@ def sync_controller():
     return docs
 
 
+def notes():
+    """templates/NOTES.txt as `helm install` prints it: readiness, a SecretProviderClass and
+    a pod (valid, the class's provider `oci`, its authType one the release allows) and the
+    IAM statement of each allowed principal; without the driver, what the operator's driver
+    needs; the existing profiling and Go-image warnings."""
+    workload = ("Allow any-user to read secret-bundles in compartment <compartment> where all {request.principal.type = 'workload', "
+                "request.principal.namespace = 'app', request.principal.service_account = 'app', "
+                "request.principal.cluster_id = '<cluster OCID>'}")
+    federated = "Allow group '<identity domain>'/'<group>' to read secret-bundles in compartment <compartment>"
+    instance = "Allow dynamic-group <nodes' dynamic group> to read secret-bundles in compartment <compartment>"
+    user = "Allow group <user's group> to read secret-bundles in compartment <compartment>"
+    driver_tokens = "--set 'tokenRequests[0].audience="
+    types = lambda i, u, w: {"provider": {"oci": {"auth": {"types": {
+        "instance": {"enabled": i}, "user": {"enabled": u}, "workload": {"enabled": w}}}}}}
+    no_driver = {"secrets-store-csi-driver": {"install": False}}
+    fed = {"enabled": True, "domainUrl": "https://idcs-0123.identity.oraclecloud.com", "audience": "oci-federation",
+           "useInstancePrincipal": True}
+    cases = [
+        # label, values, auth type of the example, texts it must hold, texts it must not
+        ("defaults", given(), "workload", [workload, instance, user, "--selector='app.kubernetes.io/name in"],
+         [federated, driver_tokens, "WARNING", "Profiling is on"]),
+        ("instance alone", given(types(True, False, False)), "instance", [instance], [workload, user, federated]),
+        ("user alone", given(types(False, True, False)), "user", [user, "authSecretName: oci-config"], [workload, instance]),
+        ("without the driver", given(no_driver), "workload",
+         ["its linux.providersDir must be\n/var/run/secrets-store-csi-providers", driver_tokens + "'",
+          "--set provider.oci.auth.types.workload.tokenRequest=true", workload], []),
+        ("without the driver, the fallback on",
+         given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"tokenRequest": True}}}}}})),
+         "workload", ["linux.providersDir"], [driver_tokens]),
+        ("without the driver, federation", given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"federation": fed}}}}}})),
+         "workload", [federated, driver_tokens + "oci-federation'", 'audience "oci-federation"'], [workload]),
+        ("federation, RPST", given(merged(no_driver, {"provider": {"oci": {"auth": {"types": {"workload": {"federation": dict(
+            fed, requestedTokenType="urn:oci:token-type:oci-rpst", resourceType="k8sworkload")}}}}}})), "workload",
+         ["request.principal.type = 'identityfederateddomainapp', request.principal.name = 'system:serviceaccount:app:app'"],
+         [federated, workload]),
+        ("Go chart values", values_file("go-chart-values.yaml"), "workload",
+         ["WARNING: provider.image.repository is oci-secrets-store-csi-driver-provider", "Profiling is on"], []),
+    ]
+    for label, values, auth_type, present, absent in cases:
+        try:
+            text = dry_run(values)["notes"]
+        except helm_python.HelmError as e:
+            failures.append(f"NOTES ({label}): {e}")
+            continue
+        for s in present:
+            check(s in text, f"NOTES ({label}) lack {s!r}:\n{text}")
+        for s in absent:
+            check(s not in text, f"NOTES ({label}) must not say {s!r}:\n{text}")
+        # The example, as the operator would apply it.
+        start, end = text.find("then kubectl apply -f this):\n"), text.find("\nAnd an OCI IAM policy")
+        if not check(0 < start < end, f"NOTES ({label}): no example"):
+            continue
+        docs = list(yaml.safe_load_all(textwrap.dedent(text[text.index("\n", start) + 1:end])))
+        kinds = [d["kind"] for d in docs]
+        if not check(kinds == ["SecretProviderClass", "Pod"], f"NOTES ({label}): the example holds {kinds}"):
+            continue
+        spc, pod = docs
+        try:
+            kubernetes_validate.validate(pod, KUBE_VERSIONS[0], strict=True)
+        except kubernetes_validate.ValidationError as e:
+            failures.append(f"NOTES ({label}): the example pod: {e.message}")
+        volume = pod["spec"]["volumes"][0]["csi"]
+        check(spc["spec"]["provider"] == "oci" and spc["spec"]["parameters"]["authType"] == auth_type
+              and volume["driver"] == "secrets-store.csi.k8s.io"
+              and volume["volumeAttributes"]["secretProviderClass"] == spc["metadata"]["name"]
+              and spc["metadata"]["namespace"] == pod["metadata"]["namespace"],
+              f"NOTES ({label}): the example {docs}")
+
+
+def readme_problem(chart_path):
+    """What keeps `helm show readme` from printing the chart's README.md, from the chart's
+    directory and from its package (what `helm package` ships, .helmignore applied), or
+    None. Helm prints the file and a newline."""
+    path = chart_path / "README.md"
+    if not path.exists():
+        return f"{path} is missing"
+    want = path.read_text() + "\n"
+    shown = helm_python.show(str(chart_path), output_format="readme")
+    if shown != want:
+        return f"helm show readme {chart_path} prints {len(shown)} characters, not README.md's"
+    with tempfile.TemporaryDirectory() as temp:
+        archive = helm_python.package(str(chart_path), destination=temp)
+        shown = helm_python.show(archive, output_format="readme")
+        if shown != want:
+            return f"helm show readme of the packaged chart prints {len(shown)} characters, not README.md's"
+    return None
+
+
+def readme():
+    """`helm show readme` prints the chart's README.md, packaged too; and this check fails
+    a chart without it, or one whose .helmignore leaves it out of the package."""
+    problem = readme_problem(CHART)
+    check(problem is None, f"the chart's README: {problem}")
+    text = (CHART / "README.md").read_text() if (CHART / "README.md").exists() else ""
+    # The section NOTES.txt points at, and every value the README names, exist.
+    check("\n## IAM policies\n" in text, "the chart's README has no IAM policies section (NOTES.txt points there)")
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for name in sorted(set(re.findall(r"[`\s]((?:provider|secrets-store-csi-driver)\.[A-Za-z0-9.]*[A-Za-z0-9])[`=\s]", text))):
+        node = defaults
+        for key in name.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        check(node is not None, f"the chart's README names {name}, which values.yaml lacks")
+    with tempfile.TemporaryDirectory() as temp:
+        for label, breaking in [("without README.md", lambda c: (c / "README.md").unlink()),
+                                ("with README.md in .helmignore",
+                                 lambda c: (c / ".helmignore").write_text((c / ".helmignore").read_text() + "README.md\n"))]:
+            chart = pathlib.Path(temp) / label.replace(" ", "-").replace(".", "") / CHART.name
+            shutil.copytree(CHART, chart)
+            breaking(chart)
+            check(readme_problem(chart) is not None, f"the README check passes a chart {label}")
+
+
+def kube_version_floor():
+    """Chart.yaml's kubeVersion is the bundled driver chart's (Helm checks the parent
+    chart's only): an install on an older Kubernetes fails naming it, with or without the
+    driver; the oldest version tested installs."""
+    (req,) = requirements()
+    with tarfile.open(CHART / "charts" / f"{req['name']}-{req['version']}.tgz") as tar:
+        driver = yaml.safe_load(tar.extractfile(f"{req['name']}/Chart.yaml"))["kubeVersion"]
+    ours_ = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    check(ours_ == driver == ">=1.30.0-0", f"Chart.yaml kubeVersion {ours_!r}, the driver chart's {driver!r}")
+    for values in [given(), given({"secrets-store-csi-driver": {"install": False}})]:
+        try:
+            dry_run(values, "1.29.0")
+            failures.append(f"an install on Kubernetes 1.29 must fail ({values.get('secrets-store-csi-driver')})")
+        except helm_python.HelmError as e:
+            check(f"chart requires kubeVersion: {ours_}" in str(e), f"Kubernetes 1.29: {e}")
+    try:
+        dry_run(given(), KUBE_VERSIONS[0])
+    except helm_python.HelmError as e:
+        failures.append(f"an install on Kubernetes {KUBE_VERSIONS[0]} must work: {e}")
+
+
 def without_driver():
-    docs = validated({"secrets-store-csi-driver": {"install": False}}, "without the driver")
+    docs = validated(given({"secrets-store-csi-driver": {"install": False}}), "without the driver")
     check(all(not p.startswith(f"{PROVIDER}/charts/") for p, _ in docs), "install: false still renders the driver")
     return docs
 
@@ -633,11 +858,11 @@ def refusals():
         ({"provider": {"removeNodeTaint": "Not A Taint Key!"}}, "removeNodeTaint"),
     ]
     for values, name in cases:
-        error = render_error(values)
+        error = render_error(given(values))
         check(error is not None and name in error, f"values {values} must fail naming {name!r}: {error}")
-    error = render_error({"provider": {"socketHostDir": "/srv/sockets"}})
+    error = render_error(given({"provider": {"socketHostDir": "/srv/sockets"}}))
     check(error is not None and "linux.providersDir" in error, f"a socketHostDir the driver does not scan must fail: {error}")
-    error = render_error({"provider": {"resources": {"limits": {"memory": "32Mi"}}}})
+    error = render_error(given({"provider": {"resources": {"limits": {"memory": "32Mi"}}}}))
     check(error is not None and "limits.memory" in error, f"a memory limit nothing fits in must fail: {error}")
 
 
@@ -675,10 +900,29 @@ def dockerfile():
             check((f"--features {features}" in out) == bool(features), f"Dockerfile with FEATURES={features!r}: {out}")
 
 
+# deploy/provider.yaml's region: the chart requires one, and a plain manifest cannot fail
+# to render, so it carries this instead, which the provider refuses at start (a region
+# with spaces) naming it. The chart is rendered with REGION and the value replaced.
+REGION_PLACEHOLDER = "SET ME: the OCI region of the cluster, e.g. us-ashburn-1"
+
+
 def plain(docs):
-    header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`; do not edit.\n"
-              "# The chart's defaults without the driver (install it with its own chart or manifests).\n")
-    return header + "".join("---\n" + yaml.safe_dump(doc, sort_keys=False) for _, doc in docs)
+    header = ("# Generated from deploy/helm by `python3 deploy/check.py --write`: change the chart, not this file.\n"
+              "# The chart's defaults without the driver (install it with its own chart or manifests).\n"
+              "# Before applying, set the region (the chart's required resourcePrincipalRegion):\n"
+              "#   sed \"s/'SET ME: [^']*'/us-ashburn-1/\" deploy/provider.yaml | kubectl apply -f -\n"
+              "# The driver needs linux.providersDir=/var/run/secrets-store-csi-providers and\n"
+              "# tokenRequests[0].audience=\"\" (the provider's TokenRequest fallback is off).\n")
+    out = []
+    for _, doc in docs:
+        if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == PROVIDER:
+            doc = json.loads(json.dumps(doc))
+            for env in doc["spec"]["template"]["spec"]["containers"][0]["env"]:
+                if env["name"] == "OCI_RESOURCE_PRINCIPAL_REGION":
+                    check(env["value"] == REGION, f"deploy/provider.yaml: the region rendered {env['value']!r}")
+                    env["value"] = REGION_PLACEHOLDER
+        out.append("---\n" + yaml.safe_dump(doc, sort_keys=False))
+    return header + "".join(out)
 
 
 def args_file(renders):
@@ -713,6 +957,9 @@ def main():
     sync_docs = sync_controller()
     plain_docs = without_driver()
     refusals()
+    kube_version_floor()
+    notes()
+    readme()
     dockerfile()
     generated(PLAIN, plain(plain_docs), write)
     generated(CHART_ALERTS, ALERTS.read_text(), write)
@@ -725,7 +972,7 @@ def main():
         sys.exit("deploy checks failed:\n  " + "\n  ".join(failures))
     print(f"deploy: chart lints clean, every rendering valid for Kubernetes {' and '.join(KUBE_VERSIONS)}, "
           f"Go values and every value render as expected, misspelt values refused, the sync controller's chart "
-          f"renders our sidecar, generated files in sync")
+          f"renders our sidecar, NOTES and README as Helm prints them, generated files in sync")
 
 
 if __name__ == "__main__":

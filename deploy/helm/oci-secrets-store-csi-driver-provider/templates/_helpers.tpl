@@ -48,6 +48,44 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- dir (trimPrefix "unix://" $endpoint) -}}
 {{- end -}}
 
+{{/*
+Workload identity's region (OCI_RESOURCE_PRINCIPAL_REGION), required while workload is
+enabled: no default, since a wrong one sends every mount (the instance principal's too) to
+another region's vaults. Fails naming the value, an example and where to find it.
+*/}}
+{{- define "oci-provider.region" -}}
+{{- $workload := .Values.provider.oci.auth.types.workload -}}
+{{- if and $workload.enabled (not $workload.resourcePrincipalRegion) -}}
+{{- fail "provider.oci.auth.types.workload.resourcePrincipalRegion is required while workload identity is enabled: the cluster's OCI region, e.g. --set provider.oci.auth.types.workload.resourcePrincipalRegion=us-ashburn-1 (or its short code, iad). On OKE it is the region in the cluster's OCID (ocid1.cluster.oc1.<region>.…), or `kubectl get nodes -L topology.kubernetes.io/region`. Not using authType: workload? Set provider.oci.auth.types.workload.enabled=false" -}}
+{{- end -}}
+{{- $workload.resourcePrincipalRegion -}}
+{{- end -}}
+
+{{/* The audience of the service-account tokens the provider expects: the federation's,
+    else "" (the API server's default, the provider's auth.workload_audience default). */}}
+{{- define "oci-provider.audience" -}}
+{{- $workload := .Values.provider.oci.auth.types.workload -}}
+{{- if and $workload.enabled $workload.federation.enabled -}}{{ $workload.federation.audience }}{{- end -}}
+{{- end -}}
+
+{{/*
+With workload identity, the bundled driver and no TokenRequest fallback, the driver's
+tokenRequests must hold the provider's audience, or no mount would have a token: fails
+naming what to add. (A driver installed separately is the operator's: NOTES.txt says.)
+*/}}
+{{- define "oci-provider.checkTokens" -}}
+{{- $workload := .Values.provider.oci.auth.types.workload -}}
+{{- $driver := index .Values "secrets-store-csi-driver" -}}
+{{- if and $workload.enabled $driver.install (not $workload.tokenRequest) -}}
+{{- $audience := include "oci-provider.audience" . -}}
+{{- $asked := false -}}
+{{- range $driver.tokenRequests }}{{ if eq .audience $audience }}{{ $asked = true }}{{ end }}{{ end -}}
+{{- if not $asked -}}
+{{- fail (printf "the audience %q is not in secrets-store-csi-driver.tokenRequests and provider.oci.auth.types.workload.tokenRequest is false: no workload identity mount would have a token; add - audience: %q to tokenRequests, or set tokenRequest: true" $audience $audience) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Whether the provider may mint service-account tokens (RBAC and config agree). */}}
 {{- define "oci-provider.tokenRequest" -}}
 {{- $workload := .Values.provider.oci.auth.types.workload -}}
@@ -129,14 +167,6 @@ naming the value to set when the provider could not start with them.
 {{- end -}}
 {{- if and (not $rpst) $f.resourceType -}}
 {{- fail (printf "%s.resourceType is for oci-rpst only" $at) -}}
-{{- end -}}
-{{- $driver := index .Values "secrets-store-csi-driver" -}}
-{{- if and $driver.install (not $workload.tokenRequest) -}}
-{{- $asked := false -}}
-{{- range $driver.tokenRequests }}{{ if eq .audience $f.audience }}{{ $asked = true }}{{ end }}{{ end -}}
-{{- if not $asked -}}
-{{- fail (printf "%s.audience %q is not in secrets-store-csi-driver.tokenRequests and tokenRequest is false: no mount would have a token; add - audience: %q" $at $f.audience $f.audience) -}}
-{{- end -}}
 {{- end -}}
 on
 {{- end -}}
