@@ -948,7 +948,8 @@ mod tests {
             assert_eq!(config.server.enable_pprof, pprof, "{label}: enableProfile");
             assert_eq!(config.server.pprof_port, 6060);
             assert_eq!(config.region.as_deref(), Some("us-ashburn-1"), "{label}");
-            assert!(config.auth.token_request, "{label}");
+            // The bundled driver hands the tokens, so the fallback is off by default.
+            assert!(!config.auth.token_request, "{label}");
             assert_eq!(
                 config.auth.allowed_types,
                 provider::AuthType::ALL,
