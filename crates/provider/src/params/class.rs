@@ -24,6 +24,9 @@ const CLASS_PARAMETERS: [&str; 8] = [
     COMPARTMENT_ID,
 ];
 
+/// The driver's own attributes without a `/` (the others are `csi.storage.k8s.io/...`).
+const DRIVER_ATTRIBUTES: [&str; 1] = ["secretProviderClass"];
+
 /// The most warnings of one class.
 const MAX_WARNINGS: usize = 8;
 
@@ -34,7 +37,10 @@ const MAX_WARNINGS: usize = 8;
 pub(super) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<String> {
     attributes
         .keys()
-        .filter(|k| !CLASS_PARAMETERS.contains(&k.as_str()) && !k.contains('/'))
+        .filter(|k| {
+            let k = k.as_str();
+            !CLASS_PARAMETERS.contains(&k) && !DRIVER_ATTRIBUTES.contains(&k) && !k.contains('/')
+        })
         .filter_map(|k| {
             nearest(k, &CLASS_PARAMETERS).map(|meant| {
                 format!(

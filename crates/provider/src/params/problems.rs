@@ -139,19 +139,27 @@ impl Problems {
 
 /// The name among `known` nearest to `word` when it is close enough to be a slip (a case
 /// difference, or at most one edit per three characters): `vaultid` → `vaultId`,
-/// `encodng` → `encoding`.
+/// `encodng` → `encoding`. It runs for attributes of every mount, so a name whose length
+/// alone rules it out (the distance is at least the difference of the lengths) costs no
+/// table, and nothing is allocated for the case.
 pub(super) fn nearest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
-    let word = word.to_ascii_lowercase();
+    let len = word.chars().count();
     known
         .iter()
-        .map(|k| (edits(&word, &k.to_ascii_lowercase()), *k))
-        .filter(|(d, k)| *d <= (k.len() / 3).max(1))
+        .filter_map(|k| {
+            let allowed = (k.len() / 3).max(1);
+            if len.abs_diff(k.chars().count()) > allowed {
+                return None;
+            }
+            let d = edits(word, k);
+            (d <= allowed).then_some((d, *k))
+        })
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
 }
 
-/// Levenshtein distance (insertions, deletions, substitutions), by characters; words past
-/// 64 characters are no slip of any name here.
+/// Levenshtein distance (insertions, deletions, substitutions), by characters, ignoring
+/// ASCII case; words past 64 characters are no slip of any name here.
 fn edits(a: &str, b: &str) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     if a.len() > 64 || b.len() > 64 {
@@ -163,9 +171,10 @@ fn edits(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let above = row[j + 1];
+            let differ = !ca.eq_ignore_ascii_case(cb);
             row[j + 1] = (above + 1)
                 .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != cb));
+                .min(diagonal + usize::from(differ));
             diagonal = above;
         }
     }

@@ -520,3 +520,31 @@ fn a_class_with_hundreds_of_problems_lists_a_bounded_number() {
     assert!(message.contains("and 392 more"), "{message}");
     assert!(message.len() < 4096, "{}", message.len());
 }
+
+/// A slip of a class parameter is warned about with the name meant; the driver's own
+/// attributes and anything far from every name are not.
+#[test]
+fn misspelt_class_parameters_are_warned_and_the_drivers_attributes_are_not() {
+    let attributes: BTreeMap<String, String> = [
+        ("vaultid", "ocid1.vault.oc1.iad.x"),
+        ("REGION", "iad"),
+        ("secretProviderClass", "app-secrets"),
+        ("csi.storage.k8s.io/pod.name", "web-0"),
+        ("color", "blue"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let warnings = MountParameters::warnings(&attributes);
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"REGION\"") && w.contains("did you mean \"region\""))
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"vaultid\"") && w.contains("did you mean \"vaultId\""))
+    );
+}
