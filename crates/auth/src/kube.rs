@@ -146,14 +146,7 @@ impl KubeApi {
         deadline: tokio::time::Instant,
     ) -> Result<http::Response<bytes::Bytes>, AuthError> {
         let request = self.request(method, uri, json_body)?;
-        send(
-            &self.http,
-            request,
-            deadline,
-            Endpoint::Kubernetes,
-            operation,
-        )
-        .await
+        self.send(request, operation, deadline).await
     }
 
     /// The API's base URL, without a trailing `/`.
