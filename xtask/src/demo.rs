@@ -142,7 +142,7 @@ async fn mounts(
             println!("     {} = {}", version.id, version.version);
         }
     }
-    let metrics = provider.metrics().await?;
+    let metrics = provider.metrics_counting(pods.len()).await?;
     println!(
         "\nupstream connections open now: {}; upstream requests sent: {}; mounts answered: {}",
         metric_sum(&metrics, "oci_provider_upstream_connections_open"),

@@ -202,6 +202,26 @@ impl Provider {
             .unwrap_or_default())
     }
 
+    /// The Prometheus text of /metrics once it counts `mounts` mounts answered. The
+    /// provider renders /metrics at most once a second, so a scrape right after a short
+    /// run can show the rendering from before it; after 10 s the last scrape is returned
+    /// with a warning (a mount the provider never answered is not counted).
+    pub(crate) async fn metrics_counting(&self, mounts: usize) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.metrics().await?;
+            let counted = metric_sum(&text, "oci_provider_mounts_total");
+            if counted >= mounts as f64 {
+                return Ok(text);
+            }
+            if tokio::time::Instant::now() > deadline {
+                eprintln!("warning: /metrics counts {counted} mounts, not {mounts}, after 10 s");
+                return Ok(text);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit.
     pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {

@@ -296,7 +296,7 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
             warm_first.unwrap_or_default()
         );
     }
-    let before = provider.metrics().await?;
+    let before = provider.metrics_counting(options.warmup).await?;
     let requests_before = metric_sum(&before, "oci_provider_upstream_requests_total");
     let bundle = |text: &str, name: &str| metric_sum(text, &format!("{name}{{kind=\"bundle\"}}"));
     let fetches_before = bundle(&before, "oci_provider_cache_misses_total");
@@ -360,7 +360,9 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed();
     all.sort_unstable();
-    let after = provider.metrics().await?;
+    let after = provider
+        .metrics_counting(options.warmup + options.mounts)
+        .await?;
     // The last scrape, for reading every family after a run (and for notes).
     let scrape = root().join("target").join("soak").join("metrics.txt");
     std::fs::write(&scrape, &after)?;
