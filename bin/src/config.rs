@@ -13,6 +13,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::flags::Flags;
 
+mod server;
+
+pub(crate) use server::ServerConfig;
+
 /// Prefix of the provider's own environment variables; `__` separates nested keys
 /// (`OCI_PROVIDER_SERVER__HEALTHZ_PORT`).
 pub const ENV_PREFIX: &str = "OCI_PROVIDER_";
@@ -173,138 +177,6 @@ impl Default for AuthConfig {
     }
 }
 
-/// The servers the provider runs.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// `unix:///path` (what the driver dials) or `tcp://127.0.0.1:port` (debugging).
-    pub endpoint: String,
-    /// Mode of the Unix socket, octal (`"0600"`).
-    pub endpoint_permissions: OctalMode,
-    /// Address the health and metrics servers bind.
-    pub bind_address: std::net::IpAddr,
-    /// Port of `/health`, `/healthz` and `/readyz`.
-    pub healthz_port: u16,
-    /// Port of `/metrics`.
-    pub metrics_port: u16,
-    /// Metrics exporter; only `prometheus` is supported.
-    pub metrics_backend: String,
-    /// Serve the debug server (CPU and heap profiles, `/debug/stats`); the Go provider's
-    /// `--enable-pprof`. Off by default.
-    pub enable_pprof: bool,
-    /// Port of the debug server (`--pprof-port`).
-    pub pprof_port: u16,
-    /// Address the debug server binds: a loopback address only (under `hostNetwork`,
-    /// 127.0.0.1 is the whole node's loopback).
-    pub pprof_address: std::net::IpAddr,
-    /// Longest CPU profile `/debug/pprof/profile?seconds=N` takes.
-    pub max_profile_seconds: u64,
-    /// Mounts served at once (the node's slots); beyond it a mount waits for a slot.
-    pub max_in_flight_mounts: usize,
-    /// Upper bound of a mount's deadline in seconds (also the deadline when the driver
-    /// sends none).
-    pub mount_timeout_seconds: u64,
-    /// On SIGTERM, how long in-flight mounts may take to finish, in seconds.
-    pub shutdown_grace_seconds: u64,
-    /// Connections the health and metrics servers each keep open at once.
-    pub http_max_connections: usize,
-    /// Connections the health and metrics servers each keep open from one source address.
-    pub http_max_connections_per_address: usize,
-    /// Seconds a health or metrics client may take to send its request headers, or stay
-    /// idle between requests, before its connection is closed.
-    pub http_header_read_timeout_seconds: u64,
-    /// Bytes all mounts in flight may hold at once (each fetch reserves
-    /// `upstream.max_bundle_bytes` first); beyond it a mount is `ResourceExhausted`.
-    pub max_in_flight_bytes: usize,
-    /// Bytes the mounts of one namespace in flight may hold at once; `None`: a quarter
-    /// of `max_in_flight_bytes` (at least one fetch).
-    pub max_in_flight_bytes_per_namespace: Option<usize>,
-    /// Mounts of one namespace served at once; `None`: a quarter of
-    /// `max_in_flight_mounts` (at least 1).
-    pub max_in_flight_per_namespace: Option<usize>,
-    /// Mounts waiting for a slot at once (every slot taken, or their namespace past its
-    /// share), until a slot frees or their deadline passes; beyond it a mount is
-    /// `ResourceExhausted`. `None`: `max_in_flight_mounts`; 0: no mount waits.
-    pub max_queued_mounts: Option<usize>,
-    /// Mounts of one namespace waiting at once; `None`: `max_queued_mounts`.
-    pub max_queued_mounts_per_namespace: Option<usize>,
-    /// Entries a SecretProviderClass's `secrets` list may have.
-    pub max_secrets_per_mount: usize,
-    /// Files one mount may write, counting every file: entries, `keys` items and
-    /// certificate files.
-    pub max_files_per_mount: usize,
-    /// The uids whose connections to the Unix socket are served (`SO_PEERCRED`), besides
-    /// the provider's own; others are closed at accept with a warning. The driver and the
-    /// sync controller's sidecar socket user run as root.
-    pub allowed_peer_uids: Vec<u32>,
-    /// A startup taint's key: once the socket serves and the readiness self-check passes,
-    /// its `NoSchedule` and `NoExecute` taints are removed from this node (`node_name`)
-    /// through the Kubernetes API. `None` (the default): no node is touched.
-    pub remove_node_taint: Option<String>,
-    /// The node this provider runs on: `NODE_NAME`, from the downward API
-    /// (`fieldRef: spec.nodeName`).
-    pub node_name: Option<String>,
-}
-
-impl ServerConfig {
-    /// `max_in_flight_bytes_per_namespace`, resolved.
-    pub fn namespace_bytes(&self, fetch_bytes: usize) -> usize {
-        self.max_in_flight_bytes_per_namespace
-            .unwrap_or((self.max_in_flight_bytes / 4).max(fetch_bytes))
-    }
-
-    /// `max_in_flight_per_namespace`, resolved.
-    pub fn namespace_mounts(&self) -> usize {
-        self.max_in_flight_per_namespace
-            .unwrap_or((self.max_in_flight_mounts / 4).max(1))
-    }
-
-    /// `max_queued_mounts`, resolved: by default a storm of one namespace as large as the
-    /// slots is served in full (all but a share at once, the rest as slots free up).
-    pub fn queued_mounts(&self) -> usize {
-        self.max_queued_mounts.unwrap_or(self.max_in_flight_mounts)
-    }
-
-    /// `max_queued_mounts_per_namespace`, resolved.
-    pub fn namespace_queued_mounts(&self) -> usize {
-        self.max_queued_mounts_per_namespace
-            .unwrap_or_else(|| self.queued_mounts())
-    }
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            endpoint: "unix:///opt/provider/sockets/oci.sock".into(),
-            endpoint_permissions: OctalMode(0o600),
-            bind_address: std::net::IpAddr::from([0, 0, 0, 0]),
-            healthz_port: 8098,
-            metrics_port: 8198,
-            metrics_backend: "prometheus".into(),
-            enable_pprof: false,
-            pprof_port: 6060,
-            pprof_address: std::net::IpAddr::from([127, 0, 0, 1]),
-            max_profile_seconds: 60,
-            max_in_flight_mounts: 64,
-            mount_timeout_seconds: 60,
-            shutdown_grace_seconds: 25,
-            http_max_connections: 256,
-            http_max_connections_per_address: 8,
-            http_header_read_timeout_seconds: 5,
-            max_in_flight_bytes: 32 * 1024 * 1024,
-            max_in_flight_bytes_per_namespace: None,
-            max_in_flight_per_namespace: None,
-            max_queued_mounts: None,
-            max_queued_mounts_per_namespace: None,
-            max_secrets_per_mount: 256,
-            max_files_per_mount: 256,
-            allowed_peer_uids: vec![0],
-            remove_node_taint: None,
-            node_name: None,
-        }
-    }
-}
-
 /// Logging.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -427,6 +299,7 @@ impl Config {
         self.validate_node_taint()?;
         self.validate_counts()?;
         self.validate_budgets()?;
+        self.validate_request_bytes()?;
         if self.server.mount_timeout_seconds == 0 {
             return Err(ConfigError(
                 "server.mount_timeout_seconds must be at least 1".into(),
@@ -585,6 +458,31 @@ impl Config {
                 "cache.bundle_max_bytes ({}) must hold at least one bundle of \
                  upstream.max_bundle_bytes ({})",
                 self.cache.bundle_max_bytes, self.upstream.max_bundle_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The node and each namespace can hold at least one largest request, a namespace no
+    /// more than the node.
+    fn validate_request_bytes(&self) -> Result<(), ConfigError> {
+        let (node, share) = (
+            self.server.max_request_bytes,
+            self.server.namespace_request_bytes(),
+        );
+        if node < csi_grpc::MAX_REQUEST_BYTES {
+            return Err(ConfigError(format!(
+                "server.max_request_bytes ({node}) must hold at least one request of the \
+                 largest size the provider decodes ({})",
+                csi_grpc::MAX_REQUEST_BYTES
+            )));
+        }
+        if share < csi_grpc::MAX_REQUEST_BYTES || share > node {
+            return Err(ConfigError(format!(
+                "server.max_request_bytes_per_namespace ({share}) must hold at least one \
+                 request of the largest size the provider decodes ({}) and at most \
+                 server.max_request_bytes ({node})",
+                csi_grpc::MAX_REQUEST_BYTES
             )));
         }
         Ok(())
@@ -1175,6 +1073,23 @@ mod tests {
                 vec![],
                 Some("[server]\nmax_queued_mounts = 8\nmax_queued_mounts_per_namespace = 9\n"),
                 vec!["server.max_queued_mounts_per_namespace (9)", "at most"],
+            ),
+            (
+                vec![],
+                vec![("OCI_PROVIDER_SERVER__MAX_REQUEST_BYTES", "65536")],
+                None,
+                vec!["server.max_request_bytes (65536)", "1048576"],
+            ),
+            (
+                vec![],
+                vec![],
+                Some(
+                    "[server]\nmax_request_bytes = 4194304\nmax_request_bytes_per_namespace = 8388608\n",
+                ),
+                vec![
+                    "server.max_request_bytes_per_namespace (8388608)",
+                    "at most",
+                ],
             ),
         ];
         for (args, vars, file, fragments) in cases {

@@ -7,7 +7,8 @@
 //!   `CacheLayer`, `BudgetLayer`, `FailoverLayer`; for certificates `BudgetLayer`; for
 //!   listings `ListerLayer`, `CacheLayer`, `BudgetLayer`;
 //! - `OciMount` (parameters, identity, fan-out of the entries, files);
-//! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `AdmissionLayer`, then the gRPC
+//! - the edge: `CatchPanicLayer`, `DeadlineLayer`, `AdmissionLayer`, `RequestBytesLayer`,
+//!   then the gRPC
 //!   service (`CsiProvider`: translation, response checks, the mount span and metrics).
 
 use std::collections::BTreeMap;
@@ -19,7 +20,8 @@ use auth::{Principals, PrincipalsConfig, Signing, SigningLayer};
 use cache::{Cache, CacheLayer, CacheService};
 use clock::SharedClock;
 use csi_grpc::{
-    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, WithinDeadline,
+    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, RequestBytes,
+    RequestBytesLayer, WithinDeadline,
 };
 use provider::{
     Budget, BudgetLayer, ByteBudget, EndpointOverrides, Endpoints, Failover, FailoverLayer,
@@ -55,7 +57,7 @@ pub(crate) type Listings =
 pub(crate) type Mount = OciMount<Principals, Secrets, Certificates, Listings>;
 
 /// What the gRPC server calls: the mount service under the edge's layers.
-pub(crate) type Edge = Admission<WithinDeadline<CatchPanic<Mount>>>;
+pub(crate) type Edge = RequestBytes<Admission<WithinDeadline<CatchPanic<Mount>>>>;
 
 /// Where traces go, if anywhere: the collector's traces URL and the exporter's client,
 /// which this module binds to the transport.
@@ -123,6 +125,8 @@ impl From<&ServerConfig> for csi_grpc::MountLimits {
             max_in_flight_per_namespace: s.namespace_mounts(),
             max_queued: s.queued_mounts(),
             max_queued_per_namespace: s.namespace_queued_mounts(),
+            max_request_bytes: s.max_request_bytes,
+            max_request_bytes_per_namespace: s.namespace_request_bytes(),
             default_deadline: Duration::from_secs(s.mount_timeout_seconds),
             max_deadline: Duration::from_secs(s.mount_timeout_seconds),
             ..csi_grpc::MountLimits::default()
@@ -288,14 +292,15 @@ pub(crate) fn build(
     })
 }
 
-/// The edge over the mount service: admission (slots, shares, queues), the deadline, a
-/// panic as Internal; then the gRPC service with its limits and metrics observer.
+/// The edge over the mount service: the bytes requests hold, admission (slots, shares,
+/// queues), the deadline, a panic as Internal; then the gRPC service with its limits and metrics observer.
 fn edge(
     mount: Mount,
     limits: csi_grpc::MountLimits,
     metrics: &Arc<Metrics>,
 ) -> csi_grpc::CsiProvider<Edge> {
     let edge = ServiceBuilder::new()
+        .layer(RequestBytesLayer::new(&limits).with_observer(metrics.clone()))
         .layer(AdmissionLayer::new(&limits).with_observer(metrics.clone()))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)

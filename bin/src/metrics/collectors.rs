@@ -83,8 +83,17 @@ impl Collector for UpstreamCollector {
 #[derive(Debug)]
 pub(super) struct BudgetCollector(
     pub(super) provider::ByteBudget,
-    pub(super) std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(super) std::sync::Arc<ShedCounts>,
 );
+
+/// Mounts shed at the edge, by reason (the byte budget counts its own refusals).
+#[derive(Debug, Default)]
+pub(super) struct ShedCounts {
+    /// No slot, and its queue full.
+    pub(super) in_flight: std::sync::atomic::AtomicU64,
+    /// The requests held would pass `server.max_request_bytes` or a namespace's share.
+    pub(super) request_bytes: std::sync::atomic::AtomicU64,
+}
 
 impl Collector for BudgetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -113,16 +122,23 @@ impl Collector for BudgetCollector {
             "mounts_shed",
             "Mounts refused to protect the node, by reason: in_flight (no slot of \
              server.max_in_flight_mounts for it and its queue full: server.max_queued_mounts \
-             or server.max_queued_mounts_per_namespace), byte_budget (server.max_in_flight_bytes)",
+             or server.max_queued_mounts_per_namespace), byte_budget (server.max_in_flight_bytes), \
+             request_bytes (server.max_request_bytes or server.max_request_bytes_per_namespace)",
             None,
             MetricType::Counter,
         )?;
         for (reason, n) in [
             (
                 "in_flight",
-                self.1.load(std::sync::atomic::Ordering::Relaxed),
+                self.1.in_flight.load(std::sync::atomic::Ordering::Relaxed),
             ),
             ("byte_budget", self.0.refused() as u64),
+            (
+                "request_bytes",
+                self.1
+                    .request_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
         ] {
             ConstCounter::new(n).encode(family.encode_family(&ReasonLabel { reason })?)?;
         }

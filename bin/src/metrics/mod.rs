@@ -57,7 +57,7 @@ pub(crate) struct Metrics {
     ready: Gauge,
     node_taint_attempts: Family<ResultLabel, Counter>,
     node_taint_pending: Gauge,
-    shed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    shed: std::sync::Arc<collectors::ShedCounts>,
     /// What `/debug/stats` reads (the same sources as the collectors).
     pub(crate) sources: StatsSources,
 }
@@ -224,7 +224,7 @@ impl Metrics {
             queued: queued.clone(),
         };
         registry.register_collector(Box::new(UpstreamCollector(transport)));
-        let shed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let shed = std::sync::Arc::new(collectors::ShedCounts::default());
         registry.register_collector(Box::new(BudgetCollector(budget, shed.clone())));
         registry.register(
             "upstream_request_duration_seconds",
@@ -293,7 +293,15 @@ impl Metrics {
 
 impl MountObserver for Metrics {
     fn mount_shed(&self) {
-        self.shed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shed
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn mount_shed_for_request_bytes(&self) {
+        self.shed
+            .request_bytes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn mount_started(&self) {

@@ -11,7 +11,8 @@
 //! - validation of what the inner service answers ([`MountResponse`]): file paths that the
 //!   driver would accept, at least one object version, a bounded size;
 //! - mapping of a typed [`MountError`] to a gRPC status with a specific message;
-//! - the bounds of every mount as layers around the inner service: the node's slots for
+//! - the bounds of every mount as layers around the inner service: the bytes the requests
+//!   held on the node and per namespace ([`RequestBytesLayer`]), the node's slots for
 //!   mounts, a share per namespace and bounded queues served in turn ([`AdmissionLayer`]),
 //!   the deadline ([`DeadlineLayer`]), panic
 //!   containment ([`CatchPanicLayer`]);
@@ -45,7 +46,8 @@ pub mod proto {
 }
 
 pub use edge::{
-    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, WithinDeadline,
+    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, RequestBytes,
+    RequestBytesLayer, WithinDeadline,
 };
 pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};

@@ -73,6 +73,11 @@ pub struct MountLimits {
     /// Mounts of one namespace waiting for a slot at once; beyond it the namespace's
     /// mounts are refused with `ResourceExhausted`.
     pub max_queued_per_namespace: usize,
+    /// Bytes the decoded requests of the mounts in flight and waiting may hold at once
+    /// ([`crate::RequestBytesLayer`]); a mount past it is refused with `ResourceExhausted`.
+    pub max_request_bytes: usize,
+    /// Bytes the requests of one namespace's mounts in flight and waiting may hold at once.
+    pub max_request_bytes_per_namespace: usize,
     /// Deadline when the driver sends no `grpc-timeout`.
     pub default_deadline: Duration,
     /// Upper bound of any deadline.
@@ -90,6 +95,8 @@ impl Default for MountLimits {
             // at once (all but a share), the other 16 as slots free up.
             max_queued: 64,
             max_queued_per_namespace: 64,
+            max_request_bytes: 8 * 1024 * 1024,
+            max_request_bytes_per_namespace: 2 * 1024 * 1024,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(60),
             max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,
@@ -107,6 +114,10 @@ pub trait MountObserver: Send + Sync + std::fmt::Debug + 'static {
     /// (`MountLimits::max_queued`, `max_queued_per_namespace`); it is also reported as
     /// finished with ResourceExhausted.
     fn mount_shed(&self) {}
+    /// A mount was refused because the requests held on the node, or by its namespace,
+    /// would pass `MountLimits::max_request_bytes` or `max_request_bytes_per_namespace`
+    /// with its own; it is also reported as finished with ResourceExhausted.
+    fn mount_shed_for_request_bytes(&self) {}
     /// A mount started waiting for a slot.
     fn mount_queued(&self) {}
     /// A mount stopped waiting for a slot, after `waited`: admitted, or not.
@@ -141,17 +152,19 @@ impl WaitOutcome {
 /// request translated into a [`MountRequest`] with its [`crate::Deadline`], the answer
 /// checked (paths the driver accepts, object versions, size) and encoded, every mount in a
 /// span and told to the observer. The bounds of a mount are layers of `S`
-/// ([`crate::AdmissionLayer`], [`crate::DeadlineLayer`], [`crate::CatchPanicLayer`]).
+/// ([`crate::RequestBytesLayer`], [`crate::AdmissionLayer`], [`crate::DeadlineLayer`],
+/// [`crate::CatchPanicLayer`]).
 ///
 /// ```no_run
 /// use secrets_store_csi_grpc::{
 ///     AdmissionLayer, CatchPanicLayer, CsiProvider, DeadlineLayer, MountLimits, MountService,
-///     ServerInfo,
+///     RequestBytesLayer, ServerInfo,
 /// };
 ///
 /// fn provider<S: MountService>(mount: S, info: ServerInfo) -> CsiProvider<impl MountService> {
 ///     let limits = MountLimits::default();
 ///     let edge = tower::ServiceBuilder::new()
+///         .layer(RequestBytesLayer::new(&limits))
 ///         .layer(AdmissionLayer::new(&limits))
 ///         .layer(DeadlineLayer)
 ///         .layer(CatchPanicLayer)

@@ -72,3 +72,82 @@ async fn sixty_four_concurrent_mounts_of_one_secret_by_one_identity_on_a_warm_no
     }
     assert!(provider.terminate().await.status.success());
 }
+
+/// Mounts whose requests are large (a `secrets` list near its 256 KiB cap, padded with a
+/// YAML comment) are held at the emulator until one namespace's requests would pass
+/// `server.max_request_bytes_per_namespace` (1 MiB here): that mount is shed at once, named,
+/// counted by reason; once the held mounts are answered their bytes are given back and the
+/// same mount is served.
+#[tokio::test]
+async fn a_mount_whose_request_would_pass_its_namespaces_held_bytes_is_shed_naming_the_setting() {
+    let emu = emulator(1).await;
+    let provider = provider(
+        &emu,
+        &["--log-level=warn"],
+        &[
+            NO_CACHE,
+            ("OCI_PROVIDER_SERVER__MAX_REQUEST_BYTES", "4194304"),
+            (
+                "OCI_PROVIDER_SERVER__MAX_REQUEST_BYTES_PER_NAMESPACE",
+                "1048576",
+            ),
+        ],
+    )
+    .await;
+    let client = provider.client().await;
+    let large = format!("- name: db-password\n# {}\n", "x".repeat(240_000));
+    client
+        .clone()
+        .mount(request("workload", "sa-0", 0, &large))
+        .await
+        .unwrap();
+    emu.close_gate(Endpoint::Secrets);
+    // Four take about 0.96 MiB of the namespace's 1 MiB.
+    let held: Vec<_> = (1..=4)
+        .map(|pod| {
+            let (mut client, large) = (client.clone(), large.clone());
+            tokio::spawn(
+                async move { client.mount(request("workload", "sa-0", pod, &large)).await },
+            )
+        })
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    while metric(&provider.metrics().await, "oci_provider_mounts_in_flight") != 4.0 {
+        assert!(Instant::now() < deadline, "four mounts are held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shed = client
+        .clone()
+        .mount(request("workload", "sa-0", 5, &large))
+        .await
+        .unwrap_err();
+    assert_eq!(shed.code(), tonic::Code::ResourceExhausted, "{shed:?}");
+    for fragment in [
+        "server.max_request_bytes_per_namespace",
+        "of 1048576",
+        "the driver will retry",
+    ] {
+        assert!(shed.message().contains(fragment), "{fragment}: {shed:?}");
+    }
+    emu.open_gate(Endpoint::Secrets);
+    for mount in held {
+        mount.await.unwrap().unwrap();
+    }
+    client
+        .clone()
+        .mount(request("workload", "sa-0", 5, &large))
+        .await
+        .unwrap();
+    let metrics = metrics_when(&provider, "oci_provider_mounts_total", 7.0).await;
+    for (name, expected) in [
+        (
+            "oci_provider_mounts_shed_total{reason=\"request_bytes\"}",
+            1.0,
+        ),
+        ("oci_provider_mounts_shed_total{reason=\"in_flight\"}", 0.0),
+        ("oci_provider_mounts_total{code=\"ok\"}", 6.0),
+    ] {
+        assert_eq!(metric(&metrics, name), expected, "{name}: {metrics}");
+    }
+    assert!(provider.terminate().await.status.success());
+}

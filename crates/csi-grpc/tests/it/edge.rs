@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use secrets_store_csi_grpc::{
     AdmissionLayer, CatchPanicLayer, Deadline, DeadlineLayer, ErrorKind, MountError, MountLimits,
-    MountObserver, MountRequest, MountResponse, WaitOutcome,
+    MountObserver, MountRequest, MountResponse, RequestBytes, RequestBytesLayer, WaitOutcome,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -47,6 +47,7 @@ fn answer() -> MountResponse {
 #[derive(Debug, Default)]
 struct Seen {
     shed: AtomicUsize,
+    shed_for_request_bytes: AtomicUsize,
     queued: AtomicUsize,
     dequeued: Mutex<Vec<(WaitOutcome, Duration)>>,
 }
@@ -70,6 +71,9 @@ impl MountObserver for Seen {
     fn mount_finished(&self, _: Result<(), ErrorKind>, _: Duration) {}
     fn mount_shed(&self) {
         self.shed.fetch_add(1, Ordering::SeqCst);
+    }
+    fn mount_shed_for_request_bytes(&self) {
+        self.shed_for_request_bytes.fetch_add(1, Ordering::SeqCst);
     }
     fn mount_queued(&self) {
         self.queued.fetch_add(1, Ordering::SeqCst);
@@ -513,4 +517,128 @@ async fn every_edge_layer_delegates_readiness() {
     check(AdmissionLayer::new(&MountLimits::default())).await;
     check(DeadlineLayer).await;
     check(CatchPanicLayer).await;
+    check(RequestBytesLayer::new(&MountLimits::default())).await;
+}
+
+/// A mount of a pod in `namespace` whose request carries `pad` more bytes than a small one.
+fn padded(namespace: &str, pad: usize) -> MountRequest {
+    let proto = driver_request(json!({
+        "csi.storage.k8s.io/pod.namespace": namespace,
+        "pad": "x".repeat(pad),
+    }));
+    MountRequest::from_proto(proto, Deadline::granted(NINE_S)).unwrap()
+}
+
+type Holding = RequestBytes<Below>;
+
+async fn call_holding(service: &mut Holding, namespace: &str) -> Mount {
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(padded(namespace, 100_000))
+}
+
+#[tokio::test]
+async fn requests_past_the_nodes_or_a_namespaces_held_bytes_are_shed_at_once_until_given_back() {
+    let one = padded("a", 100_000).held_bytes();
+    let limits = MountLimits {
+        max_request_bytes: 3 * one,
+        max_request_bytes_per_namespace: 2 * one,
+        ..MountLimits::default()
+    };
+    let seen = Arc::new(Seen::default());
+    let layer = RequestBytesLayer::new(&limits).with_observer(seen.clone());
+    let (inner, mut handle) = below();
+    let mut service = layer.layer(inner);
+    let a1 = call_holding(&mut service, "a").await;
+    let a2 = call_holding(&mut service, "a").await;
+    let (_, reply_a1) = next(&mut handle).await;
+    let _a2_at_the_mock = next(&mut handle).await;
+    assert_eq!(layer.held(), 2 * one);
+    // A third of namespace "a" would pass its share: refused at once, without a call below.
+    let refused = call_holding(&mut service, "a").await.await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::ResourceExhausted);
+    for fragment in [
+        format!("this mount's request holds {one} bytes"),
+        format!(
+            "namespace \"a\" in flight and waiting on this node hold {}",
+            2 * one
+        ),
+        "(server.max_request_bytes_per_namespace)".to_owned(),
+    ] {
+        assert!(
+            refused.message().contains(&fragment),
+            "{fragment}: {refused:?}"
+        );
+    }
+    // Another namespace takes the node's last room; a third namespace finds none.
+    let b1 = call_holding(&mut service, "b").await;
+    let _b1_at_the_mock = next(&mut handle).await;
+    let refused = call_holding(&mut service, "c").await.await.unwrap_err();
+    assert!(
+        refused.message().contains(&format!(
+            "hold {} of {} (server.max_request_bytes);",
+            3 * one,
+            3 * one
+        )),
+        "{refused:?}"
+    );
+    assert_eq!(seen.shed_for_request_bytes.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.shed(), 0, "the slots' shed count is another reason");
+    // Bytes come back when a mount is answered, and when its caller goes away.
+    reply_a1.send_response(answer());
+    a1.await.unwrap();
+    assert_eq!(layer.held(), 2 * one);
+    drop(a2);
+    assert_eq!(layer.held(), one);
+    let _a3 = call_holding(&mut service, "a").await;
+    let _a3_at_the_mock = next(&mut handle).await;
+    assert_eq!(layer.held(), 2 * one);
+    drop(b1);
+}
+
+#[test]
+fn a_requests_held_bytes_count_its_attributes_tokens_secrets_and_object_versions() {
+    let small = padded("a", 0).held_bytes();
+    let big = "x".repeat(50_000);
+    let mut with_versions = driver_request(json!({ "csi.storage.k8s.io/pod.namespace": "a" }));
+    with_versions.current_object_version = (0..1000)
+        .map(|i| secrets_store_csi_grpc::proto::ObjectVersion {
+            id: format!("{i:045}"),
+            version: "v".into(),
+        })
+        .collect();
+    let mut with_secrets = driver_request(json!({ "csi.storage.k8s.io/pod.namespace": "a" }));
+    with_secrets.secrets = json!({ "key": big }).to_string();
+    let cases = [
+        ("an attribute", padded("a", 50_000)),
+        (
+            "a token",
+            MountRequest::from_proto(
+                driver_request(json!({
+                    "csi.storage.k8s.io/pod.namespace": "a",
+                    "csi.storage.k8s.io/serviceAccount.tokens":
+                        json!({ "vault": { "token": big, "expirationTimestamp": "x" } }).to_string(),
+                })),
+                Deadline::granted(NINE_S),
+            )
+            .unwrap(),
+        ),
+        (
+            "a NodePublish secret",
+            MountRequest::from_proto(with_secrets, Deadline::granted(NINE_S)).unwrap(),
+        ),
+        (
+            "object versions",
+            MountRequest::from_proto(with_versions, Deadline::granted(NINE_S)).unwrap(),
+        ),
+    ];
+    for (what, request) in cases {
+        let held = request.held_bytes();
+        assert!(
+            held >= small + 50_000,
+            "{what}: {held} bytes, {small} without it"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use secrets_store_csi_grpc::client::{Client, connect_unix};
 use secrets_store_csi_grpc::{
     AdmissionLayer, CatchPanicLayer, CsiProvider, DeadlineLayer, Endpoint, Listener, MountLimits,
-    MountService, ServerInfo, serve,
+    MountService, RequestBytesLayer, ServerInfo, serve,
 };
 use tokio::sync::oneshot;
 
@@ -79,6 +79,7 @@ where
     let (stop, stopped) = oneshot::channel::<()>();
     // The layers every mount passes, as the binary composes them.
     let edge = tower::ServiceBuilder::new()
+        .layer(RequestBytesLayer::new(&limits))
         .layer(AdmissionLayer::new(&limits))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)

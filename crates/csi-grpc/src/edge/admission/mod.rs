@@ -84,10 +84,7 @@ impl<S> Admission<S> {
         if let Some(observer) = &self.observer {
             observer.mount_shed();
         }
-        Box::pin(std::future::ready(Err(MountError::new(
-            ErrorKind::ResourceExhausted,
-            message,
-        ))))
+        super::exhausted(message)
     }
 }
 

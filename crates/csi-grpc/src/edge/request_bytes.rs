@@ -1,0 +1,226 @@
+//! The bytes the decoded requests of the mounts in flight and waiting hold, bounded: a
+//! request is at most [`crate::MAX_REQUEST_BYTES`], and the node admits up to 128 mounts
+//! (slots and queue), so without this bound the requests alone could hold 128 MiB.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use secrecy::ExposeSecret;
+use tower::{Layer, Service};
+
+use super::BoxMount;
+use crate::error::MountError;
+use crate::request::MountRequest;
+use crate::response::MountResponse;
+use crate::server::{MountLimits, MountObserver};
+
+/// What a map entry or list element costs besides its strings (node, pointers, lengths).
+const ENTRY_BYTES: usize = 64;
+
+impl MountRequest {
+    /// The bytes this decoded request holds while it is served or waits: its strings and
+    /// their entries (attributes, tokens, NodePublish secrets, object versions, the pod),
+    /// and the struct itself. What [`RequestBytesLayer`] counts.
+    pub fn held_bytes(&self) -> usize {
+        let strings = |pairs: &mut dyn Iterator<Item = (usize, usize)>| -> usize {
+            pairs.map(|(k, v)| k + v + ENTRY_BYTES).sum()
+        };
+        let pod = [
+            &self.pod.namespace,
+            &self.pod.name,
+            &self.pod.uid,
+            &self.pod.service_account,
+        ]
+        .iter()
+        .map(|s| s.as_ref().map_or(0, String::len))
+        .sum::<usize>();
+        std::mem::size_of::<Self>()
+            + pod
+            + strings(&mut self.attributes.iter().map(|(k, v)| (k.len(), v.len())))
+            + strings(
+                &mut self.service_account_tokens.iter().map(|(audience, t)| {
+                    let expiration = t.expiration_timestamp.as_ref().map_or(0, String::len);
+                    (audience.len(), t.token.expose_secret().len() + expiration)
+                }),
+            )
+            + strings(
+                &mut self
+                    .node_publish_secrets
+                    .iter()
+                    .map(|(k, v)| (k.len(), v.expose_secret().len())),
+            )
+            + strings(
+                &mut self
+                    .current_object_versions
+                    .iter()
+                    .map(|v| (v.id.len(), v.version.len())),
+            )
+    }
+}
+
+/// Bounds the bytes held by the requests of the mounts in flight and waiting
+/// ([`MountRequest::held_bytes`]): at most `max_request_bytes` on the node and
+/// `max_request_bytes_per_namespace` for one namespace. A mount that would take either past
+/// its bound is refused at once with ResourceExhausted (waiting would not help: its request
+/// is already held) and told to the observer; the driver retries. Placed outside
+/// [`crate::AdmissionLayer`], so that the mounts waiting for a slot are counted.
+///
+/// A driver's request is a few KiB: the defaults (8 MiB, 2 MiB a namespace) refuse nothing
+/// but classes of hundreds of KiB mounted by many pods at once.
+///
+/// The count is shared by every service this layer makes (and their clones): build the
+/// layer once per process.
+#[derive(Clone, Debug)]
+pub struct RequestBytesLayer {
+    held: Arc<Held>,
+    observer: Option<Arc<dyn MountObserver>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    max: usize,
+    max_per_namespace: usize,
+    state: Mutex<HeldState>,
+}
+
+#[derive(Debug, Default)]
+struct HeldState {
+    total: usize,
+    /// Bytes per namespace; a namespace holding none has no entry.
+    by_namespace: HashMap<String, usize>,
+}
+
+impl RequestBytesLayer {
+    /// The bounds `max_request_bytes` and `max_request_bytes_per_namespace` of `limits`.
+    pub fn new(limits: &MountLimits) -> Self {
+        Self {
+            held: Arc::new(Held {
+                max: limits.max_request_bytes,
+                max_per_namespace: limits.max_request_bytes_per_namespace,
+                state: Mutex::default(),
+            }),
+            observer: None,
+        }
+    }
+
+    /// Tells `observer` of every mount refused for its request's bytes.
+    pub fn with_observer(mut self, observer: Arc<dyn MountObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Bytes the requests of the mounts in flight and waiting hold now.
+    pub fn held(&self) -> usize {
+        self.held.lock().total
+    }
+}
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeldState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts `bytes` for `namespace`, or says which bound it would pass.
+    fn take(self: &Arc<Self>, namespace: &str, bytes: usize) -> Result<Taken, String> {
+        let mut state = self.lock();
+        let of_namespace = state.by_namespace.get(namespace).copied().unwrap_or(0);
+        if state.total.saturating_add(bytes) > self.max {
+            return Err(format!(
+                "this mount's request holds {bytes} bytes and the requests of the mounts in \
+                 flight and waiting on this node hold {} of {} (server.max_request_bytes); \
+                 the driver will retry",
+                state.total, self.max
+            ));
+        }
+        if of_namespace.saturating_add(bytes) > self.max_per_namespace {
+            return Err(format!(
+                "this mount's request holds {bytes} bytes and the requests of namespace \
+                 {namespace:?} in flight and waiting on this node hold {of_namespace} of {} \
+                 (server.max_request_bytes_per_namespace); the driver will retry",
+                self.max_per_namespace
+            ));
+        }
+        state.total += bytes;
+        *state.by_namespace.entry(namespace.to_owned()).or_default() += bytes;
+        Ok(Taken {
+            held: self.clone(),
+            namespace: namespace.to_owned(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes counted for one mount, given back when its answer is ready or it is dropped.
+#[derive(Debug)]
+struct Taken {
+    held: Arc<Held>,
+    namespace: String,
+    bytes: usize,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let mut state = self.held.lock();
+        state.total = state.total.saturating_sub(self.bytes);
+        if let Some(n) = state.by_namespace.get_mut(&self.namespace) {
+            *n = n.saturating_sub(self.bytes);
+            if *n == 0 {
+                state.by_namespace.remove(&self.namespace);
+            }
+        }
+    }
+}
+
+impl<S> Layer<S> for RequestBytesLayer {
+    type Service = RequestBytes<S>;
+
+    fn layer(&self, inner: S) -> RequestBytes<S> {
+        RequestBytes {
+            inner,
+            held: self.held.clone(),
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+/// The service of [`RequestBytesLayer`].
+#[derive(Clone, Debug)]
+pub struct RequestBytes<S> {
+    inner: S,
+    held: Arc<Held>,
+    observer: Option<Arc<dyn MountObserver>>,
+}
+
+impl<S> Service<MountRequest> for RequestBytes<S>
+where
+    S: Service<MountRequest, Response = MountResponse, Error = MountError>,
+    S::Future: Send + 'static,
+{
+    type Response = MountResponse;
+    type Error = MountError;
+    type Future = BoxMount;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), MountError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: MountRequest) -> BoxMount {
+        let namespace = request.pod.namespace.as_deref().unwrap_or("");
+        match self.held.take(namespace, request.held_bytes()) {
+            Ok(taken) => {
+                let mount = self.inner.call(request);
+                Box::pin(async move {
+                    let _taken = taken;
+                    mount.await
+                })
+            }
+            Err(message) => {
+                if let Some(observer) = &self.observer {
+                    observer.mount_shed_for_request_bytes();
+                }
+                super::exhausted(message)
+            }
+        }
+    }
+}
