@@ -63,7 +63,7 @@ pub struct ServerConfig {
     /// request is at most 1 MiB, a driver's a few KiB); beyond it a mount is
     /// `ResourceExhausted`. Part of the memory model's baseline.
     pub max_request_bytes: usize,
-    /// Bytes the requests of one namespace's mounts may hold at once; `None`: a quarter of
+    /// Bytes the requests of one namespace's mounts may hold at once; `None`: half of
     /// `max_request_bytes`, at least one largest request (1 MiB).
     pub max_request_bytes_per_namespace: Option<usize>,
     /// Entries a SecretProviderClass's `secrets` list may have.
@@ -106,7 +106,7 @@ impl ServerConfig {
     /// `max_request_bytes_per_namespace`, resolved.
     pub fn namespace_request_bytes(&self) -> usize {
         self.max_request_bytes_per_namespace.unwrap_or(
-            (self.max_request_bytes / 4)
+            (self.max_request_bytes / 2)
                 .max(csi_grpc::MAX_REQUEST_BYTES)
                 .min(self.max_request_bytes),
         )

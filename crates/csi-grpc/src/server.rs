@@ -96,7 +96,7 @@ impl Default for MountLimits {
             max_queued: 64,
             max_queued_per_namespace: 64,
             max_request_bytes: 8 * 1024 * 1024,
-            max_request_bytes_per_namespace: 2 * 1024 * 1024,
+            max_request_bytes_per_namespace: 4 * 1024 * 1024,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(60),
             max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,

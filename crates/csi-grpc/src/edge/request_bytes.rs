@@ -66,7 +66,7 @@ impl MountRequest {
 /// is already held) and told to the observer; the driver retries. Placed outside
 /// [`crate::AdmissionLayer`], so that the mounts waiting for a slot are counted.
 ///
-/// A driver's request is a few KiB: the defaults (8 MiB, 2 MiB a namespace) refuse nothing
+/// A driver's request is a few KiB: the defaults (8 MiB, 4 MiB a namespace) refuse nothing
 /// but classes of hundreds of KiB mounted by many pods at once.
 ///
 /// The count is shared by every service this layer makes (and their clones): build the
