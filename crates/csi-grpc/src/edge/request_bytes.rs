@@ -134,9 +134,10 @@ impl Held {
             ));
         }
         if of_namespace.saturating_add(bytes) > self.max_per_namespace {
+            let quoted = bounded::quote(namespace);
             return Err(format!(
                 "this mount's request holds {bytes} bytes and the requests of namespace \
-                 {namespace:?} in flight and waiting on this node hold {of_namespace} of {} \
+                 {quoted} in flight and waiting on this node hold {of_namespace} of {} \
                  (server.max_request_bytes_per_namespace); the driver will retry",
                 self.max_per_namespace
             ));

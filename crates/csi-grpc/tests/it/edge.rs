@@ -642,3 +642,44 @@ fn a_requests_held_bytes_count_its_attributes_tokens_secrets_and_object_versions
         );
     }
 }
+
+#[tokio::test]
+async fn a_refusal_quotes_a_long_namespace_escaped_and_cut() {
+    let namespace = format!("ns\n{}", "x".repeat(650_000));
+    // Admission: a share of one slot, and no place for the namespace to wait.
+    let seen = Arc::new(Seen::default());
+    let (mut service, mut handle) = admission(&limits(2, 1, 1, 0), &seen);
+    let _held = call(&mut service, &namespace, NINE_S).await;
+    let _at_the_mock = next(&mut handle).await;
+    let shed = call(&mut service, &namespace, NINE_S)
+        .await
+        .await
+        .unwrap_err();
+    // The request bytes: a namespace's share smaller than the request (which holds the
+    // namespace twice, as an attribute and as the pod's).
+    let layer = RequestBytesLayer::new(&MountLimits {
+        max_request_bytes: 2 << 20,
+        max_request_bytes_per_namespace: 1 << 20,
+        ..MountLimits::default()
+    });
+    let (inner, _handle) = below();
+    let refused = layer
+        .layer(inner)
+        .call(request(&namespace, NINE_S))
+        .await
+        .unwrap_err();
+    for error in [shed, refused] {
+        assert_eq!(error.kind(), ErrorKind::ResourceExhausted);
+        let message = error.message();
+        assert!(
+            message.len() < 1000,
+            "{} bytes: {}",
+            message.len(),
+            &message[..200]
+        );
+        assert!(
+            message.contains(r#""ns\nxxx"#) && message.contains("bytes)"),
+            "{message}"
+        );
+    }
+}

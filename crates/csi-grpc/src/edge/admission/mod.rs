@@ -145,6 +145,7 @@ where
 /// The message of a mount refused because a queue is full: why it could not take a slot,
 /// and which queue bound it met, each with its setting.
 fn refused(namespace: &str, refusal: Refusal, b: Bounds) -> String {
+    let quoted = bounded::quote(namespace);
     let no_slot = if refusal.in_flight >= b.max {
         format!(
             "all {} slots for mounts on this node are taken (limit {}, \
@@ -153,7 +154,7 @@ fn refused(namespace: &str, refusal: Refusal, b: Bounds) -> String {
         )
     } else {
         format!(
-            "namespace {namespace:?} has {} mounts in flight on this node, past its share of \
+            "namespace {quoted} has {} mounts in flight on this node, past its share of \
              {} (server.max_in_flight_per_namespace), while other namespaces may need the {} \
              slots left",
             refusal.held,
@@ -167,7 +168,7 @@ fn refused(namespace: &str, refusal: Refusal, b: Bounds) -> String {
             b.max_queued
         ),
         FullQueue::Namespace => format!(
-            "no place is left for namespace {namespace:?} to wait for one \
+            "no place is left for namespace {quoted} to wait for one \
              (server.max_queued_mounts_per_namespace: {})",
             b.max_queued_per_namespace
         ),
