@@ -226,10 +226,24 @@ fn metric(text: &str, name: &str) -> f64 {
 /// The metrics once `name` reads `value`: `/metrics` renders at most once a second, so a
 /// scrape right after a mount may predate it.
 async fn metrics_when(provider: &Provider, name: &str, value: f64) -> String {
+    metrics_until(provider, name, value, |now| now == value).await
+}
+
+/// The metrics once `name` reads at least `value` (a counter that may pass it).
+async fn metrics_reaching(provider: &Provider, name: &str, value: f64) -> String {
+    metrics_until(provider, name, value, |now| now >= value).await
+}
+
+async fn metrics_until(
+    provider: &Provider,
+    name: &str,
+    value: f64,
+    done: impl Fn(f64) -> bool,
+) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let metrics = provider.metrics().await;
-        if metric(&metrics, name) == value {
+        if done(metric(&metrics, name)) {
             return metrics;
         }
         assert!(

@@ -111,11 +111,7 @@ async fn a_mount_whose_request_would_pass_its_namespaces_held_bytes_is_shed_nami
             )
         })
         .collect();
-    let deadline = Instant::now() + WAIT;
-    while metric(&provider.metrics().await, "oci_provider_mounts_in_flight") != 4.0 {
-        assert!(Instant::now() < deadline, "four mounts are held");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    metrics_when(&provider, "oci_provider_mounts_in_flight", 4.0).await;
     let shed = client
         .clone()
         .mount(request("workload", "sa-0", 5, &large))

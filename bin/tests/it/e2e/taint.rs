@@ -11,7 +11,7 @@ use serde_json::Value;
 use testkit::{Emulator, Endpoint, Fault, NodeSeed};
 use tokio::time::Instant;
 
-use super::{SECRET_BYTES, WAIT, metric, metrics_when, provider, request, seed};
+use super::{SECRET_BYTES, WAIT, metric, metrics_reaching, metrics_when, provider, request, seed};
 use crate::process::Provider;
 
 const KEY: &str = "oci.oraclecloud.com/secrets-provider-not-ready";
@@ -68,22 +68,6 @@ async fn until_removed(emu: &Emulator) {
             Instant::now() < deadline,
             "the taint is removed: {:?}",
             taints(emu, NODE)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The metrics once `name` reads at least `value` (retries keep counting).
-async fn metrics_reaching(provider: &Provider, name: &str, value: f64) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let metrics = provider.metrics().await;
-        if metric(&metrics, name) >= value {
-            return metrics;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} reaches {value}: {metrics}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
