@@ -1,6 +1,7 @@
 //! The bytes the decoded requests of the mounts in flight and waiting hold, bounded: a
-//! request is at most [`crate::MAX_REQUEST_BYTES`], and the node admits up to 128 mounts
-//! (slots and queue), so without this bound the requests alone could hold 128 MiB.
+//! request is at most [`crate::MAX_REQUEST_BYTES`], and by default the node admits 128
+//! mounts (64 slots, 64 places to wait), so without this bound the requests alone could
+//! hold 128 MiB.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
