@@ -40,11 +40,17 @@ pub const TESTS: [&str; 7] = [
 /// What checking a template found: the files it names (with where), or its problems.
 #[derive(Debug, Default)]
 pub(crate) struct Checked {
+    /// How deep the walk is now (bounded: the tokens were, and so is the walk).
+    depth: usize,
     /// `(file, line, column)` of every `text("…")`, `json("…")`, `base64("…")`.
     pub(crate) files: Vec<(String, usize, usize)>,
     /// `line L, column C: …`, at most a few.
     pub(crate) problems: Vec<String>,
 }
+
+/// The deepest the checker's walk goes: the tokens were bounded to [`super::MAX_NESTING`]
+/// (each level of the tree is at least one token's), so this is a second guard only.
+const WALK_DEPTH: usize = 2 * super::MAX_NESTING + 8;
 
 /// The most problems one template reports.
 const MAX_PROBLEMS: usize = 8;
@@ -52,6 +58,18 @@ const MAX_PROBLEMS: usize = 8;
 /// Parses `source` and walks it: every construct outside the subset is a problem.
 pub(crate) fn check(source: &str) -> Checked {
     let mut checked = Checked::default();
+    // Bounded on the tokens before any recursive parse or walk (see `nesting`).
+    if let Some(span) = super::nesting::too_deep(source) {
+        checked.refuse(
+            span,
+            &format!(
+                "it nests deeper than {} levels (operators, brackets and blocks); split it \
+                 or flatten it",
+                super::MAX_NESTING
+            ),
+        );
+        return checked;
+    }
     match parse(source, "template", Default::default()) {
         Ok(tree) => checked.stmt(&tree),
         Err(err) => {
@@ -88,6 +106,23 @@ fn strip_quotes(quoted: &str) -> &str {
         .unwrap_or(quoted)
 }
 
+/// Where a statement is.
+fn span_of_stmt(stmt: &Stmt<'_>) -> Span {
+    match stmt {
+        Stmt::Template(s) => s.span(),
+        Stmt::EmitExpr(s) => s.span(),
+        Stmt::EmitRaw(s) => s.span(),
+        Stmt::ForLoop(s) => s.span(),
+        Stmt::IfCond(s) => s.span(),
+        Stmt::WithBlock(s) => s.span(),
+        Stmt::Set(s) => s.span(),
+        Stmt::SetBlock(s) => s.span(),
+        Stmt::AutoEscape(s) => s.span(),
+        Stmt::FilterBlock(s) => s.span(),
+        Stmt::Do(s) => s.span(),
+    }
+}
+
 impl Checked {
     fn refuse(&mut self, span: Span, what: &str) {
         if self.problems.len() < MAX_PROBLEMS {
@@ -105,7 +140,24 @@ impl Checked {
         }
     }
 
+    /// Runs `walk` one level deeper, unless that passes the bound (reported once).
+    fn deeper(&mut self, span: Span, walk: impl FnOnce(&mut Self)) {
+        if self.depth >= WALK_DEPTH {
+            if !self.problems.iter().any(|p| p.contains("nests deeper")) {
+                self.refuse(span, "it nests deeper than a template may");
+            }
+            return;
+        }
+        self.depth += 1;
+        walk(self);
+        self.depth -= 1;
+    }
+
     fn stmt(&mut self, stmt: &Stmt<'_>) {
+        self.deeper(span_of_stmt(stmt), |this| this.stmt_within(stmt));
+    }
+
+    fn stmt_within(&mut self, stmt: &Stmt<'_>) {
         match stmt {
             Stmt::Template(t) => self.stmts(&t.children),
             Stmt::EmitRaw(_) => {}
@@ -146,6 +198,10 @@ impl Checked {
     }
 
     fn expr(&mut self, expr: &Expr<'_>) {
+        self.deeper(expr.span(), |this| this.expr_within(expr));
+    }
+
+    fn expr_within(&mut self, expr: &Expr<'_>) {
         match expr {
             Expr::Var(_) | Expr::Const(_) => {}
             Expr::UnaryOp(u) => self.expr(&u.expr),

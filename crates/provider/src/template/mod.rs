@@ -13,10 +13,12 @@
 //! entry, the line and column, never a rendered value or an input's content.
 
 mod check;
+mod nesting;
 mod render;
 
 pub(crate) use check::check;
 pub use check::{FILTERS, FUNCTIONS, TESTS};
+pub use nesting::MAX_NESTING;
 pub(crate) use render::{Input, render};
 
 /// The longest template (its text in the class).
@@ -24,3 +26,95 @@ pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
 
 /// Work a render may do: minijinja's fuel, about one unit per instruction.
 pub const TEMPLATE_FUEL: u64 = 200_000;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use zeroize::Zeroizing;
+
+    use super::*;
+
+    /// Every shape that nests, `(head, open, core, close, tail)`: `open` and `close` repeated
+    /// `n` times around `core`.
+    const SHAPES: [(&str, &str, &str, &str, &str); 13] = [
+        ("{{ ", "- ", "1", "", " }}"),
+        ("{{ ", "not ", "true", "", " }}"),
+        ("{{ ", "", "text(\"f\")", " | trim", " }}"),
+        ("{{ ", "", "text(\"f\")", " is string", " }}"),
+        ("{{ ", "", "text(\"f\")", " or true", " }}"),
+        ("{{ ", "", "text(\"f\")", " == \"v\"", " }}"),
+        ("{{ ", "", "json(\"j\")", ".a", " }}"),
+        ("{{ ", "", "json(\"j\")", "[\"a\"]", " }}"),
+        ("{{ ", "(", "text(\"f\")", ")", " }}"),
+        ("{{ ", "[", "text(\"f\")", "]", " | length }}"),
+        ("", "{% if true %}", "{{ text(\"f\") }}", "{% endif %}", ""),
+        ("", "{% for x in [1] %}", "{{ x }}", "{% endfor %}", ""),
+        ("{% if false %}", "{% elif false %}", "x", "", "{% endif %}"),
+    ];
+
+    /// Each shape at the deepest the bound (and the size cap) admits, and one step past it.
+    fn deepest_and_past() -> Vec<(String, String)> {
+        SHAPES
+            .iter()
+            .map(|(head, open, core, close, tail)| {
+                let make =
+                    |n: usize| format!("{head}{}{core}{}{tail}", open.repeat(n), close.repeat(n));
+                let mut n = 0;
+                while make(n + 1).len() <= MAX_TEMPLATE_BYTES
+                    && check(&make(n + 1)).problems.is_empty()
+                {
+                    n += 1;
+                }
+                (make(n), make(n + 1))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_deepest_templates_a_class_may_hold_are_refused_or_rendered_on_a_256_kib_thread() {
+        let run = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(|| {
+                let mut rendered = 0;
+                for (deepest, past) in deepest_and_past() {
+                    let checked = check(&deepest);
+                    assert!(
+                        checked.problems.is_empty(),
+                        "{deepest:.60}: {:?}",
+                        checked.problems
+                    );
+                    let inputs =
+                        BTreeMap::from([input("f", b"v"), input("j", b"{\"a\": {\"a\": 1}}")]);
+                    // Rendering may fail (an undefined attribute), never overflow.
+                    if render(&deepest, inputs, 1 << 20, Arc::new(|_| Ok(None))).is_ok() {
+                        rendered += 1;
+                    }
+                    let refused = check(&past);
+                    assert!(
+                        refused
+                            .problems
+                            .iter()
+                            .any(|p| p.contains("nests deeper than 48")),
+                        "{past:.60}: {:?}",
+                        refused.problems
+                    );
+                }
+                rendered
+            })
+            .expect("a thread");
+        let rendered = run.join().expect("no overflow, no panic");
+        assert!(rendered >= 8, "most shapes render: {rendered}");
+    }
+
+    fn input(name: &str, bytes: &[u8]) -> (String, Input) {
+        (
+            name.to_owned(),
+            Input {
+                bytes: Arc::new(Zeroizing::new(bytes.to_vec())),
+                version: "1".to_owned(),
+            },
+        )
+    }
+}
