@@ -3,7 +3,7 @@
 offline (kubernetes-validate).
 
 - `helm lint --strict` for each Kubernetes version tested (1.30, 1.33, 1.35), with the
-  defaults and with the Go chart's default values file;
+  defaults, with the Go chart's default values file and with every value;
 - renders: defaults (given the one value they require, the region; without it the render
   fails naming it, an example and where to find it; none is needed without workload
   identity); each auth type alone; a digest pin (tag@digest), and the release's pin
@@ -13,6 +13,13 @@ offline (kubernetes-validate).
   toleration and node rights, which the defaults lack); workload identity federation by
   client secret and by the instance principal; the driver left out — each validated
   against the Kubernetes schemas of every version and checked for what it must contain;
+- provider.removeNodeTaint's ValidatingAdmissionPolicy and binding (none without it, nor
+  node rights): fails closed, matches the provider's service account as rendered, selects
+  only fields every Node schema from 1.30 on has and compares every Node field but those
+  NODE_FIELDS_NOT_COMPARED names; its CEL run by cel-python over a table of changes (the
+  provider's own allowed; another node's, a token without the node name, added, changed or
+  other taints, cordons, spec, labels, annotations, owners, finalizers refused, each by the
+  validation it breaks; other accounts unmatched);
 - service-account tokens as the README recommends by default: the bundled driver's
   CSIDriver asks tokens for the audience "", the provider's TokenRequest fallback is off
   and it has no serviceaccounts/token right; a bundled driver without the audience and
@@ -49,7 +56,7 @@ offline (kubernetes-validate).
 
 `python3 deploy/check.py --write` regenerates the generated files (provider.yaml,
 rendered-args.json, files/alerts.yaml, files/dashboard.json).
-Needs: pip install helm-python-sdk kubernetes-validate pyyaml "jsonschema>=4.18"
+Needs: pip install helm-python-sdk kubernetes-validate pyyaml "jsonschema>=4.18" "cel-python==0.5.0"
 """
 import json
 import os
@@ -60,12 +67,14 @@ import subprocess
 import tempfile
 import textwrap
 
+import celpy
 import jsonschema
 import sys
 import tarfile
 
 import helm_python
 import kubernetes_validate
+import kubernetes_validate.utils
 import yaml
 
 from vendor_driver_chart import hash_req, requirements
@@ -259,7 +268,8 @@ def memory_model(docs, baseline_mib):
 
 def lint():
     for version in KUBE_VERSIONS:
-        for label, values in [("defaults", given()), ("Go chart values", values_file("go-chart-values.yaml"))]:
+        for label, values in [("defaults", given()), ("Go chart values", values_file("go-chart-values.yaml")),
+                              ("every value", values_file("every-value.yaml"))]:
             report = helm_python.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v" + version)
             problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2] + report.get("errors", [])
             check(not problems, f"helm lint --strict ({label}, Kubernetes {version}): {problems}")
@@ -508,6 +518,244 @@ def every_value():
     csidriver = find(docs, "CSIDriver", "secrets-store.csi.k8s.io")
     check(csidriver["spec"].get("tokenRequests") == [{"audience": ""}] and csidriver["spec"]["requiresRepublish"] is True,
           f"every value: the driver's CSIDriver {csidriver['spec']}")
+
+
+# The node-name the API server puts in a pod-bound service-account token's user info (1.30+).
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The Node fields the policy does not compare, and why: everything else of metadata, spec
+# and the object must be (deploy/check.py refuses a Kubernetes version whose Node has a
+# field in neither list, so a new one is a decision, not a hole).
+NODE_FIELDS_NOT_COMPARED = {
+    # the server's own (each update changes them), or immutable after creation
+    "metadata": {"name", "namespace", "uid", "generateName", "resourceVersion", "generation", "creationTimestamp",
+                 "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"},
+    # fixed by the resource; compared field by field (metadata, spec); or kept by the API
+    # server from the old object on an update of the nodes resource (status; nodes/status
+    # is neither granted nor matched)
+    "node": {"apiVersion", "kind", "metadata", "spec", "status"},
+    # compared on their own (the taints: two validations of their own)
+    "spec": {"taints",
+             # alpha in 1.37 (gate InPlacePodVerticalScalingSchedulerPreemption), absent from
+             # the 1.30 to 1.36 schemas the API server type-checks the policy against
+             "podPreemptionPolicy"},
+}
+
+
+# The node taint policy's validations, in order (a validation has no name of its own): the
+# token's node is the object, no taint added or changed, none removed but the key's, the
+# rest of the spec unchanged, labels, annotations, owners and finalizers unchanged.
+VALIDATIONS = ["node", "added", "removed", "spec", "metadata"]
+
+
+def admission(policy, request, old, new):
+    """What the API server answers the provider's service account for one UPDATE of a Node
+    under `policy` (a rendered ValidatingAdmissionPolicy), its CEL run by cel-python:
+    "unmatched" when a matchCondition is false (the policy does not apply), else the
+    VALIDATIONS names of those that are false ("allow" when none is), "error: ..." when an
+    expression cannot be evaluated (failurePolicy Fail refuses then too)."""
+    env = celpy.Environment()
+
+    def run(expression, activation):
+        program = env.program(env.compile(expression))
+        return program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+
+    spec = policy["spec"]
+    activation = {"request": request, "object": new, "oldObject": old}
+    try:
+        for condition in spec.get("matchConditions", []):
+            if not run(condition["expression"], activation):
+                return "unmatched"
+        variables = {}
+        for variable in spec.get("variables", []):
+            variables[variable["name"]] = run(variable["expression"], dict(activation, variables=variables))
+        activation["variables"] = variables
+        refused = [name for name, v in zip(VALIDATIONS, spec["validations"]) if not run(v["expression"], activation)]
+    except Exception as e:  # celpy's evaluation and parse errors
+        return f"error: {e}"
+    return " ".join(refused) or "allow"
+
+
+def cel_paths(expression, root):
+    """The field paths `expression` selects under `root` (object, oldObject): `object.spec.x`
+    gives ("spec", "x")."""
+    return {tuple(m.group(1).split(".")[1:]) for m in re.finditer(rf"\b{root}((?:\.\w+)+)", expression)}
+
+
+def node_schema(version):
+    defs = kubernetes_validate.utils.schema_contents(
+        f"kubernetes-json-schema/v{version}-local-strict/_definitions.json", version)["$defs"]
+    return defs, defs["io.k8s.api.core.v1.Node"]
+
+
+def schema_has(defs, schema, path):
+    for name in path:
+        while "$ref" in schema:
+            schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+        if name not in schema.get("properties", {}):
+            return False
+        schema = schema["properties"][name]
+    return True
+
+
+def node_taint_policy():
+    """provider.removeNodeTaint's ValidatingAdmissionPolicy and its binding: rendered only
+    with the taint removal (as the node RBAC is), matching the provider's service account
+    as rendered, failing closed, its expressions naming only fields the Node schemas have and
+    comparing every field of the Node but those NODE_FIELDS_NOT_COMPARED lists; and its CEL
+    run (cel-python) over the changes the provider makes (allowed) and those an escaped
+    container could try (refused, each by the validation it breaks)."""
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    docs = render(given())
+    check(not any(d["kind"] in kinds for _, d in ours(docs)) and not any(r[0] == ("nodes",) for r in rbac_rules(docs)),
+          "defaults (no provider.removeNodeTaint): no node rights, no ValidatingAdmissionPolicy nor binding")
+    key = "node.example.com/secrets-provider-not-ready"
+    namespace = "secrets"
+    values = given({"provider": {"removeNodeTaint": key}})
+    validated(values, "provider.removeNodeTaint")
+    docs = render(values, namespace=namespace)
+    name = f"{PROVIDER}-node-taint"
+    policy, binding = find(docs, kinds[0], name), find(docs, kinds[1], name)
+    if not check(policy is not None and binding is not None,
+                 f"provider.removeNodeTaint: no {kinds[0]} and {kinds[1]} named {name}"):
+        return 0
+    check(binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}, f"the node taint binding: {binding['spec']}")
+    spec = policy["spec"]
+    user = f"system:serviceaccount:{namespace}:{PROVIDER}-sa"
+    check(spec["failurePolicy"] == "Fail"
+          and spec["matchConstraints"] == {"resourceRules": [
+              {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]}
+          and [c["expression"] for c in spec["matchConditions"]] == [f"request.userInfo.username == '{user}'"],
+          f"the node taint policy must fail closed on UPDATEs of nodes by {user} only: {spec}")
+    check(rbac_rules(docs) == [ISSUER_RULE, (("nodes",), ("get", "patch")), SECRETS_RULE],
+          f"provider.removeNodeTaint: RBAC {rbac_rules(docs)}")
+
+    # What the expressions select exists in every Node schema tested and later ones (a typo
+    # would be an absent field on both sides: equal, and the check void); what they
+    # compare is every field but those said not to be.
+    expressions = [e["expression"] for e in spec.get("variables", []) + spec["validations"]]
+    paths = {p for e in expressions for root in ("object", "oldObject") for p in cel_paths(e, root)}
+    # object.spec.x compares spec's x; object.spec alone, the whole spec (as `everything`).
+    compared = {part: {p[1] if len(p) > 1 else "everything" for p in paths if p[0] == part} for part in ("metadata", "spec")}
+    versions = sorted({v.rsplit(".", 1)[0] + ".0" for v in kubernetes_validate.utils.all_versions()
+                       if tuple(map(int, v.split(".")[:2])) >= (1, 30)})
+    for version in versions:
+        defs, node = node_schema(version)
+        for path in sorted(paths):
+            check(schema_has(defs, node, path), f"the node taint policy selects object.{'.'.join(path)}, "
+                                                f"which a Node of Kubernetes {version} does not have")
+        fields = {"node": set(node["properties"])}
+        for part, ref in [("metadata", "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"), ("spec", "io.k8s.api.core.v1.NodeSpec")]:
+            fields[part] = set(defs[ref]["properties"])
+        for part, have in fields.items():
+            done = have if "everything" in compared.get(part, set()) else compared.get(part, set())
+            left = have - done - NODE_FIELDS_NOT_COMPARED[part]
+            check(not left, f"Kubernetes {version}'s Node {part} has {sorted(left)}: the node taint policy neither "
+                            f"compares them nor says why not (NODE_FIELDS_NOT_COMPARED)")
+
+    # The cases: a node with the startup taint (NoSchedule and NoExecute, and a
+    # PreferNoSchedule the provider leaves), another taint, labels and annotations; each
+    # change made by the provider's token on node-a unless said otherwise. The server bumps
+    # resourceVersion and managedFields on every update: they never matter.
+    def taint(k, effect, added=None):
+        return dict({"key": k, "effect": effect}, **({"timeAdded": added} if added else {}))
+
+    startup = [taint(key, "NoSchedule", "2024-05-01T10:00:00Z"), taint(key, "NoExecute", "2024-05-01T10:00:00Z")]
+    other = taint("node.kubernetes.io/unreachable", "NoExecute", "2024-05-01T10:01:00Z")
+    before = {"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": "node-a", "uid": "6c4f0a6e-0000-4000-8000-000000000001", "resourceVersion": "100",
+                           "labels": {"kubernetes.io/hostname": "node-a", "node.kubernetes.io/instance-type": "VM.Standard.E4.Flex"},
+                           "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                           "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1"}]},
+              "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"], "providerID": "oci://ocid1.instance.oc1.iad.a",
+                       "taints": startup + [taint(key, "PreferNoSchedule"), other]},
+              "status": {"nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "6.1", "osImage": "Oracle Linux 8",
+                                      "containerRuntimeVersion": "cri-o://1.30.1", "kubeletVersion": "v1.30.1", "kubeProxyVersion": "",
+                                      "operatingSystem": "linux", "architecture": "amd64"}}}
+
+    def node(base=before, **change):
+        """`base` after an update: resourceVersion and managedFields bumped, then each
+        change, a path (metadata__labels, spec__taints) to its value (None: removed)."""
+        out = json.loads(json.dumps(base))
+        out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)
+        out["metadata"]["managedFields"].append({"manager": "oci-provider", "operation": "Update", "apiVersion": "v1"})
+        for path, value in change.items():
+            *parents, last = path.split("__")
+            target = out
+            for p in parents:
+                target = target.setdefault(p, {})
+            if value is None:
+                target.pop(last, None)
+            else:
+                target[last] = value
+        return out
+
+    def token(node_name="node-a", extra=True, username=user):
+        info = {"username": username, "uid": "9b1c", "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]}
+        if extra:
+            info["extra"] = {"authentication.kubernetes.io/pod-name": [f"{PROVIDER}-x7k2p"],
+                             "authentication.kubernetes.io/pod-uid": ["3f0c"]}
+            if node_name is not None:
+                info["extra"][NODE_NAME_EXTRA] = node_name if isinstance(node_name, list) else [node_name]
+        return {"operation": "UPDATE", "kind": {"group": "", "version": "v1", "kind": "Node"},
+                "resource": {"group": "", "version": "v1", "resource": "nodes"}, "name": "node-a", "userInfo": info}
+
+    kept = [taint(key, "PreferNoSchedule"), other]
+    only_startup = dict(before, spec=dict(before["spec"], taints=startup))
+    bare = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "resourceVersion": "7", "managedFields": []},
+            "spec": {"taints": startup}}
+    cases = [
+        # label, request, oldObject, object, expected: allow / unmatched / the validations refusing
+        ("the provider removes its key's NoSchedule and NoExecute taints", token(), before, node(spec__taints=kept), "allow"),
+        ("it removes every taint of its key", token(), before, node(spec__taints=[other]), "allow"),
+        ("it removes the node's last taints (taints: [])", token(), only_startup, node(only_startup, spec__taints=[]), "allow"),
+        ("it removes the node's last taints (taints omitted)", token(), only_startup, node(only_startup, spec__taints=None), "allow"),
+        ("a node with no other spec field", token(), bare, node(bare, spec__taints=None), "allow"),
+        ("an update that changes nothing the policy compares", token(), before, node(), "allow"),
+        ("no user extra at all (a legacy Secret token)", token(extra=False), before, node(spec__taints=kept), "node"),
+        ("a bound token without a node name (ServiceAccountTokenPodNodeInfo off)", token(node_name=None), before,
+         node(spec__taints=kept), "node"),
+        ("another node's token", token("node-b"), before, node(spec__taints=kept), "node"),
+        ("a node-name list that holds more than its node", token(["node-a", "node-b"]), before, node(spec__taints=kept), "node"),
+        ("adds a taint", token(), before, node(spec__taints=before["spec"]["taints"] + [taint("evil", "NoSchedule")]), "added"),
+        ("adds its own key's taint (a node with none)", token(), dict(before, spec=dict(before["spec"], taints=[other])),
+         node(dict(before, spec=dict(before["spec"], taints=[other])), spec__taints=[other, startup[0]]), "added"),
+        ("changes its key's taint's effect", token(), before,
+         node(spec__taints=[taint(key, "PreferNoSchedule", "2024-05-01T10:00:00Z")] + kept), "added"),
+        ("removes another key's taint", token(), before, node(spec__taints=startup + [taint(key, "PreferNoSchedule")]), "removed"),
+        ("removes its key's and another key's taints", token(), before, node(spec__taints=[taint(key, "PreferNoSchedule")]), "removed"),
+        ("removes every taint", token(), before, node(spec__taints=None), "removed"),
+        ("cordons the node while removing its taint", token(), before, node(spec__taints=kept, spec__unschedulable=True), "spec"),
+        ("uncordons a cordoned node", token(), dict(before, spec=dict(before["spec"], unschedulable=True)),
+         node(dict(before, spec=dict(before["spec"], unschedulable=True)), spec__unschedulable=None), "spec"),
+        ("changes the providerID", token(), before, node(spec__providerID="oci://ocid1.instance.oc1.iad.b"), "spec"),
+        ("changes the podCIDRs", token(), before, node(spec__podCIDR="10.0.0.0/8", spec__podCIDRs=["10.0.0.0/8"]), "spec"),
+        ("changes a label", token(), before,
+         node(metadata__labels=dict(before["metadata"]["labels"], **{"node.kubernetes.io/instance-type": "BM.GPU"})), "metadata"),
+        ("adds a label while removing its taint", token(), before,
+         node(spec__taints=kept, metadata__labels=dict(before["metadata"]["labels"], **{"node-role.kubernetes.io/control-plane": ""})),
+         "metadata"),
+        ("removes every label", token(), before, node(metadata__labels=None), "metadata"),
+        ("changes an annotation", token(), before, node(metadata__annotations={"node.alpha.kubernetes.io/ttl": "30"}), "metadata"),
+        ("adds an owner (the garbage collector would delete the node)", token(), before,
+         node(metadata__ownerReferences=[{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "0000"}]), "metadata"),
+        ("adds a finalizer", token(), before, node(metadata__finalizers=["example.com/hold"]), "metadata"),
+        ("cordons another node with another node's token", token("node-b"), before, node(spec__unschedulable=True), "node spec"),
+        ("another service account (the policy does not apply)", token(username="system:serviceaccount:kube-system:other"),
+         before, node(spec__unschedulable=True), "unmatched"),
+        ("the same account name in another namespace", token(username=f"system:serviceaccount:default:{PROVIDER}-sa"),
+         before, node(spec__unschedulable=True), "unmatched"),
+        ("the node's kubelet", token(username="system:node:node-a", extra=False), before, node(metadata__labels=None), "unmatched"),
+    ]
+    check(len(spec["validations"]) == len(VALIDATIONS), f"the node taint policy's validations are not {VALIDATIONS}")
+    for label, request, old, new, want in cases:
+        for doc in (old, new):
+            try:
+                kubernetes_validate.validate(doc, KUBE_VERSIONS[0], strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"the node taint policy case {label!r}: its Node is not valid: {e.message}")
+        got = admission(policy, request, old, new)
+        check(got == want, f"the node taint policy, {label}: {got}, expected {want}")
+    return len(cases)
 
 
 def federation():
@@ -950,6 +1198,7 @@ def main():
     release_pin()
     go = go_values()
     every_value()
+    cel_cases = node_taint_policy()
     federated = federation()
     network_policy()
     monitoring()
@@ -971,7 +1220,8 @@ def main():
     if failures:
         sys.exit("deploy checks failed:\n  " + "\n  ".join(failures))
     print(f"deploy: chart lints clean, every rendering valid for Kubernetes {' and '.join(KUBE_VERSIONS)}, "
-          f"Go values and every value render as expected, misspelt values refused, the sync controller's chart "
+          f"Go values and every value render as expected, the node taint policy's CEL decides {cel_cases} cases as expected, "
+          f"misspelt values refused, the sync controller's chart "
           f"renders our sidecar, NOTES and README as Helm prints them, generated files in sync")
 
 
