@@ -54,6 +54,15 @@ pub(super) fn check_secrets(
     let mut selections = Vec::new();
     let mut templates = Vec::new();
     let mut files = FileNames::default();
+    let template_entries = raw.iter().filter(|item| item.template.is_some()).count();
+    if template_entries > crate::template::MAX_TEMPLATES {
+        // Their renders share one mount's work, but each is parsed and checked first.
+        problems.note(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: parameter \"secrets\" has {template_entries} template entries; \
+             a class may have at most {}",
+            crate::template::MAX_TEMPLATES
+        )));
+    }
 
     for (index, item) in raw.into_iter().enumerate() {
         if item.template.is_some() {

@@ -226,6 +226,9 @@ pub struct MountContext {
     /// may allocate from it, in the mount's namespace share, while they run. `None`: no
     /// process budget.
     pub byte_budget: Option<crate::ByteBudget>,
+    /// Mounts rendering their templates at once, on the blocking pool: fewer than the
+    /// runtime's workers, so renders never hold them all (see `service/templates.rs`).
+    pub template_renders: Arc<tokio::sync::Semaphore>,
 }
 
 impl MountContext {
@@ -263,6 +266,14 @@ impl Default for MountContext {
             allowed_types: crate::params::AuthType::ALL.to_vec(),
             allowed_regions: Vec::new(),
             byte_budget: None,
+            template_renders: Arc::new(tokio::sync::Semaphore::new(default_template_renders())),
         }
     }
+}
+
+/// One render at a time per core but one (tokio runs a worker per core), at least one.
+fn default_template_renders() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |cores| cores.get().saturating_sub(1))
+        .max(1)
 }

@@ -187,7 +187,7 @@ where
             &targets,
         )
         .await?;
-        let rendered = templates::render_templates(&run, &params.templates, &mut entries)?;
+        let rendered = templates::render_templates(&run, &params.templates, &mut entries).await?;
         entries.extend(rendered);
         answer(entries, &self.config, !params.selections.is_empty())
     }

@@ -1,23 +1,28 @@
 //! The class's `template` entries rendered from the files of its other entries, once the
 //! fan-out has fetched them: each template's file and object version (a digest of the
 //! versions of what it read and of the template itself).
+//!
+//! Rendering is CPU work a tenant chooses: it runs off the async workers, on the blocking
+//! pool behind `MountContext::template_renders` (fewer permits than workers), all of a
+//! mount's templates in one task under one [`Work`]: their fuel is shared, and the work
+//! stops at the mount's deadline or as soon as nobody waits for the answer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use csi_grpc::{ErrorKind, File, FileContents, MountError, ObjectVersion};
+use csi_grpc::{ErrorKind, File, FileContents, FileMode, MountError, ObjectVersion};
 use zeroize::Zeroizing;
 
 use super::entries::{EntryFiles, EntryVersion, MountRun};
 use crate::params::TemplateSpec;
-use crate::template::{Input, render};
+use crate::template::{Input, RenderError, Renders, Reserve, TEMPLATE_FUEL, Work};
 
 /// The most a template's output may be, per byte of its text and of the class's files.
 pub(crate) const TEMPLATE_OUTPUT_FACTOR: usize = 4;
 
 /// Renders `templates` from the files of `entries` (shared with the renders, not copied,
 /// and given back), each within the room the mount's other files leave.
-pub(super) fn render_templates(
+pub(super) async fn render_templates(
     run: &MountRun<'_>,
     templates: &[TemplateSpec],
     entries: &mut [EntryFiles],
@@ -26,81 +31,126 @@ pub(super) fn render_templates(
         return Ok(Vec::new());
     }
     let inputs = take_inputs(entries);
-    let mut written: usize = entries
+    let written: usize = entries
         .iter()
         .filter(|e| e.write)
         .flat_map(|e| &e.files)
         .map(|f| inputs.get(f.path.as_str()).map_or(0, |i| i.bytes.len()))
         .sum();
-    let mut rendered = Vec::with_capacity(templates.len());
-    let mut outcome = Ok(());
-    // A template's output is at most a few times what it is made of (its text and the
-    // class's files): the memory a mount may take stays a multiple of what it read.
-    let made_of: usize = inputs.values().map(|i| i.bytes.len()).sum();
-    for spec in templates {
-        let allowance = TEMPLATE_OUTPUT_FACTOR.saturating_mul(made_of + spec.source.len());
-        let room = run
-            .config
-            .max_total_bytes
-            .saturating_sub(written)
-            .min(allowance);
-        match render_one(run, spec, inputs.clone(), room) {
-            Ok(entry) => {
-                written += entry.files.iter().map(|f| f.contents.len()).sum::<usize>();
-                rendered.push(entry);
-            }
-            Err(err) => {
-                outcome = Err(err);
-                break;
-            }
-        }
-    }
+    let work = Work::new(TEMPLATE_FUEL, Some(run.request.deadline.into_std()));
+    let job = Job {
+        templates: templates.to_vec(),
+        renders: Renders::new(inputs.clone(), reserve(run), work.clone()),
+        written,
+        max_total_bytes: run.config.max_total_bytes,
+        mode: run.request.file_mode,
+    };
+    let outcome = run_off_the_workers(run, job, work).await;
     give_back(entries, inputs);
-    outcome.map(|()| rendered)
+    outcome
 }
 
-fn render_one(
+/// Runs `job` on the blocking pool once a render permit is free, stopping its work at the
+/// mount's deadline or when this future is dropped.
+async fn run_off_the_workers(
     run: &MountRun<'_>,
-    spec: &TemplateSpec,
-    inputs: BTreeMap<String, Input>,
-    room: usize,
-) -> Result<EntryFiles, MountError> {
+    job: Job,
+    work: Arc<Work>,
+) -> Result<Vec<EntryFiles>, MountError> {
+    let cancel = CancelOnDrop(work);
+    let _permit = run
+        .config
+        .template_renders
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| MountError::internal("the template renders' permits are closed"))?;
+    let outcome = tokio::task::spawn_blocking(move || job.run())
+        .await
+        .map_err(|_| MountError::internal("a template render failed"));
+    drop(cancel);
+    outcome?
+}
+
+/// Stops the renders' work when the mount's future is dropped (its caller gave up).
+struct CancelOnDrop(Arc<Work>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// What the blocking task owns: the templates, their renders, and the room left.
+struct Job {
+    templates: Vec<TemplateSpec>,
+    renders: Renders,
+    written: usize,
+    max_total_bytes: usize,
+    mode: FileMode,
+}
+
+impl Job {
+    fn run(self) -> Result<Vec<EntryFiles>, MountError> {
+        let mut written = self.written;
+        let mut rendered = Vec::with_capacity(self.templates.len());
+        // A template's output is at most a few times what it is made of (its text and the
+        // class's files): the memory a mount may take stays a multiple of what it read.
+        let made_of = self.renders.input_bytes();
+        for spec in &self.templates {
+            let allowance = TEMPLATE_OUTPUT_FACTOR.saturating_mul(made_of + spec.source.len());
+            let room = self.max_total_bytes.saturating_sub(written).min(allowance);
+            let entry = self.render_one(spec, room)?;
+            written += entry.files.iter().map(|f| f.contents.len()).sum::<usize>();
+            rendered.push(entry);
+        }
+        Ok(rendered)
+    }
+
+    fn render_one(&self, spec: &TemplateSpec, room: usize) -> Result<EntryFiles, MountError> {
+        let mut done = self.renders.render(&spec.source, room).map_err(|e| {
+            let RenderError {
+                message,
+                exhausted,
+                late,
+            } = e;
+            let kind = if late {
+                ErrorKind::DeadlineExceeded
+            } else if exhausted {
+                ErrorKind::ResourceExhausted
+            } else {
+                ErrorKind::InvalidArgument
+            };
+            MountError::new(kind, format!("secrets[{}].template {message}", spec.index))
+        })?;
+        Ok(EntryFiles {
+            index: spec.index,
+            files: vec![File {
+                path: spec.path.clone(),
+                mode: spec.mode.unwrap_or(self.mode),
+                contents: FileContents::new(std::mem::take(&mut *done.output)),
+            }],
+            versions: vec![EntryVersion::Template(ObjectVersion {
+                id: format!("template:{}", spec.path),
+                version: digest(&spec.source, &done.read),
+            })],
+            // The output is held in the byte budget until the mount is answered.
+            reservations: done.reservations,
+            write: true,
+        })
+    }
+}
+
+/// What the renders reserve from the byte budget, in the mount's namespace.
+fn reserve(run: &MountRun<'_>) -> Arc<Reserve> {
     let budget = run.config.byte_budget.clone();
     let namespace: Arc<str> = Arc::from(run.namespace);
-    let reserve = Arc::new(move |len: usize| match &budget {
+    Arc::new(move |len: usize| match &budget {
         Some(budget) => budget
-            .try_reserve_for(
-                &namespace,
-                len.saturating_mul(crate::extract::PARSE_BYTES_PER_BYTE),
-            )
+            .try_reserve_for(&namespace, len)
             .map(Some)
             .map_err(|refusal| refusal.to_string()),
         None => Ok(None),
-    });
-    let (mut output, read) = render(&spec.source, inputs, room, reserve).map_err(|e| {
-        let kind = if e.exhausted {
-            ErrorKind::ResourceExhausted
-        } else {
-            ErrorKind::InvalidArgument
-        };
-        MountError::new(
-            kind,
-            format!("secrets[{}].template {}", spec.index, e.message),
-        )
-    })?;
-    Ok(EntryFiles {
-        index: spec.index,
-        files: vec![File {
-            path: spec.path.clone(),
-            mode: spec.mode.unwrap_or(run.request.file_mode),
-            contents: FileContents::new(std::mem::take(&mut *output)),
-        }],
-        versions: vec![EntryVersion::Template(ObjectVersion {
-            id: format!("template:{}", spec.path),
-            version: digest(&spec.source, &read),
-        })],
-        reservations: Vec::new(),
-        write: true,
     })
 }
 

@@ -13,19 +13,26 @@
 //! entry, the line and column, never a rendered value or an input's content.
 
 mod check;
+mod doc;
 mod nesting;
 mod render;
+mod work;
 
 pub(crate) use check::check;
 pub use check::{FILTERS, FUNCTIONS, TESTS};
 pub use nesting::MAX_NESTING;
-pub(crate) use render::{Input, render};
+pub(crate) use render::{Input, RenderError, Renders, Reserve};
+pub(crate) use work::Work;
 
 /// The longest template (its text in the class).
 pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
 
-/// Work a render may do: minijinja's fuel, about one unit per instruction.
+/// Work the templates of one mount may do, all of them together: minijinja's fuel, about
+/// one unit per instruction, and one per node a comparison of documents visits.
 pub const TEMPLATE_FUEL: u64 = 200_000;
+
+/// The most `template` entries one class may hold.
+pub const MAX_TEMPLATES: usize = 32;
 
 #[cfg(test)]
 mod tests {
@@ -88,7 +95,12 @@ mod tests {
                     let inputs =
                         BTreeMap::from([input("f", b"v"), input("j", b"{\"a\": {\"a\": 1}}")]);
                     // Rendering may fail (an undefined attribute), never overflow.
-                    if render(&deepest, inputs, 1 << 20, Arc::new(|_| Ok(None))).is_ok() {
+                    let renders = Renders::new(
+                        inputs,
+                        Arc::new(|_| Ok(None)),
+                        Work::new(TEMPLATE_FUEL, None),
+                    );
+                    if renders.render(&deepest, 1 << 20).is_ok() {
                         rendered += 1;
                     }
                     let refused = check(&past);
@@ -106,6 +118,26 @@ mod tests {
             .expect("a thread");
         let rendered = run.join().expect("no overflow, no panic");
         assert!(rendered >= 8, "most shapes render: {rendered}");
+    }
+
+    #[test]
+    fn a_render_stops_at_the_mounts_deadline_and_when_nobody_waits() {
+        let inputs = || BTreeMap::from([input("f", b"v")]);
+        let late = Renders::new(
+            inputs(),
+            Arc::new(|_| Ok(None)),
+            Work::new(TEMPLATE_FUEL, Some(std::time::Instant::now())),
+        );
+        let err = late.render("{{ text(\"f\") }}", 1024).unwrap_err();
+        assert!(err.late, "{err:?}");
+        assert!(err.message.contains("at the mount's deadline"), "{err:?}");
+
+        let work = Work::new(TEMPLATE_FUEL, None);
+        let renders = Renders::new(inputs(), Arc::new(|_| Ok(None)), work.clone());
+        assert!(renders.render("{{ text(\"f\") }}", 1024).is_ok());
+        work.cancel();
+        let err = renders.render("{{ text(\"f\") }}", 1024).unwrap_err();
+        assert!(err.message.contains("nobody waits"), "{err:?}");
     }
 
     fn input(name: &str, bytes: &[u8]) -> (String, Input) {

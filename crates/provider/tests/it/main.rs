@@ -4,6 +4,7 @@
 #![allow(unreachable_pub, missing_debug_implementations)]
 
 mod cache;
+mod costs;
 mod fakes;
 mod fanout;
 mod features;
