@@ -376,6 +376,33 @@ pub enum AuthError {
         /// How long it waited.
         waited: std::time::Duration,
     },
+    /// The identity domain or the proxymux definitely refused this service account's
+    /// exchange moments ago: the refusal is answered again, without a TokenRequest, a key or
+    /// an exchange, until `auth.workload.refusal_memory_seconds` have passed.
+    #[error(
+        "{refusal} (this refusal is remembered: the service account's exchange is tried again \
+         in {retry_in_secs}s, auth.workload.refusal_memory_seconds)"
+    )]
+    RefusalRemembered {
+        /// The refusal as it was answered (names, status, error code; never a token): a
+        /// detail of this error, rendered in its message (so not its `source()`).
+        refusal: std::sync::Arc<AuthError>,
+        /// Seconds until the next mount of the service account is exchanged again.
+        retry_in_secs: u64,
+    },
+    /// The namespace's exchanges are past their pace, and its next turn comes after the
+    /// mount's deadline.
+    #[error("{}", paced_message(namespace, *wait, *per_minute, *burst))]
+    ExchangesPaced {
+        /// The namespace.
+        namespace: String,
+        /// How long until its next turn.
+        wait: std::time::Duration,
+        /// `auth.workload.namespace_exchanges_per_minute`.
+        per_minute: u32,
+        /// `auth.workload.namespace_exchange_burst`.
+        burst: u32,
+    },
     /// The error of a credential fetch this call led or joined (one fetch per identity,
     /// its error handed to every mount that waited for it).
     #[error(transparent)]
@@ -391,8 +418,14 @@ impl cache::JoinError for AuthError {
         AuthError::DeadlineExceeded(what)
     }
 
+    /// The leader's deadline ran out, or its namespace's next turn comes after it: a waiter
+    /// with a later deadline tries again.
     fn is_leaders_own(&self) -> bool {
-        self.kind() == ErrorKind::DeadlineExceeded
+        match self {
+            AuthError::ExchangesPaced { .. } => true,
+            AuthError::Shared(shared) => shared.is_leaders_own(),
+            _ => self.kind() == ErrorKind::DeadlineExceeded,
+        }
     }
 }
 
@@ -433,6 +466,8 @@ impl AuthError {
             AuthError::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             AuthError::KeyLoadsBusy { .. } => ErrorKind::Unavailable,
             AuthError::Shared(shared) => shared.kind(),
+            AuthError::RefusalRemembered { refusal, .. } => refusal.kind(),
+            AuthError::ExchangesPaced { .. } => ErrorKind::ResourceExhausted,
             // The tenant's token is not at fault: what failed is the provider's reading of
             // the cluster's keys (its RBAC, the API server, its configuration).
             AuthError::IssuerKeys { source, .. } => match source.kind() {
@@ -545,6 +580,22 @@ fn exchange_message(
     format!(
         "the oci identity domain refused the token exchange of service account \
          {namespace}/{service_account} (http {status}{code}): {advice}"
+    )
+}
+
+fn paced_message(
+    namespace: &str,
+    wait: std::time::Duration,
+    per_minute: u32,
+    burst: u32,
+) -> String {
+    format!(
+        "the token exchanges of namespace {} are past their pace ({per_minute} a minute after \
+         a burst of {burst}: auth.workload.namespace_exchanges_per_minute and \
+         namespace_exchange_burst): its next turn is in {} ms, after the mount's deadline; the \
+         driver retries",
+        bounded::quote(namespace),
+        wait.as_millis()
     )
 }
 

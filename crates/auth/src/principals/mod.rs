@@ -6,7 +6,10 @@
 mod federation;
 mod instance;
 mod keyload;
+mod pace;
 mod proxymux;
+mod refusals;
+mod spare_keys;
 mod user;
 
 pub use federation::{ClientAuth, ClientSecret, FederationConfig, TokenType, WorkloadMechanism};
@@ -49,6 +52,17 @@ pub const DEFAULT_INSTANCE_METADATA: &str = "http://169.254.169.254/opc/v2";
 /// The in-cluster token of the provider's own service account.
 pub const DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// How long a refused exchange is remembered by default: a trust rule fixed after a
+/// refusal takes effect within a minute, and a refused identity costs one exchange a minute
+/// however many pods mount it.
+pub const DEFAULT_REFUSAL_MEMORY: Duration = Duration::from_secs(60);
+
+/// The default pace of one namespace's exchanges: two a second after a burst of twenty (a
+/// node's pods of one namespace starting at once; a session lasts half an hour or more).
+pub const DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE: u32 = 120;
+/// See [`DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE`].
+pub const DEFAULT_NAMESPACE_EXCHANGE_BURST: u32 = 20;
 
 /// The proxymux port (spec 3.3; the SDK does not read `KUBERNETES_SERVICE_PORT` for it).
 const PROXYMUX_PORT: u16 = 12250;
@@ -94,6 +108,14 @@ pub struct PrincipalsConfig {
     pub max_concurrent_key_loads: usize,
     /// How long a key load waits for its turn before the mount gets `Unavailable`.
     pub key_load_wait: Duration,
+    /// How long a definite refusal of a service account's exchange (by the identity domain
+    /// or the proxymux) is remembered and answered without asking again; zero: never.
+    pub refusal_memory: Duration,
+    /// Workload exchanges (TokenRequest, key and exchange) of one namespace per minute,
+    /// after a burst of `namespace_exchange_burst`.
+    pub namespace_exchanges_per_minute: u32,
+    /// Workload exchanges one namespace may make at once before its pace applies.
+    pub namespace_exchange_burst: u32,
 }
 
 impl Default for PrincipalsConfig {
@@ -116,6 +138,9 @@ impl Default for PrincipalsConfig {
             workload_mechanism: WorkloadMechanism::Oke,
             max_concurrent_key_loads: 1,
             key_load_wait: Duration::from_secs(10),
+            refusal_memory: DEFAULT_REFUSAL_MEMORY,
+            namespace_exchanges_per_minute: DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE,
+            namespace_exchange_burst: DEFAULT_NAMESPACE_EXCHANGE_BURST,
         }
     }
 }
@@ -304,6 +329,29 @@ where
     )
 }
 
+/// What guarded the node's workload exchanges ([`Principals::exchange_guards`]): the
+/// identity domain or the proxymux is shared by every tenant, so a refused identity is not
+/// asked about again for [`PrincipalsConfig::refusal_memory`], a namespace's exchanges keep
+/// to its pace, and the key of an exchange answered without a token serves the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExchangeGuards {
+    /// Definite refusals remembered.
+    pub refusals_remembered: u64,
+    /// Mounts answered with a remembered refusal: no TokenRequest, key or exchange.
+    pub refusals_served: u64,
+    /// Refusals not remembered: every entry was another namespace's, live.
+    pub refusals_unkept: u64,
+    /// Exchanges that waited for their namespace's turn.
+    pub paced_waited: u64,
+    /// Mounts failed at once: their namespace's turn came after their deadline.
+    pub paced_refused: u64,
+    /// Session keys generated for workload exchanges.
+    pub keys_generated: u64,
+    /// Keys of exchanges answered without a token, used by a later exchange instead.
+    pub keys_reused: u64,
+}
+
 /// The principals of the process: user keys, workload RPSTs and the instance token,
 /// each cached per [`Identity`].
 ///
@@ -329,6 +377,12 @@ struct Inner {
     /// The kind of workload session tokens (`rpst`, or the identity domain's `upst`): the
     /// `kind` of their cache and counters.
     workload_kind: &'static str,
+    /// Definite refusals of workload exchanges, per namespace and service account.
+    refusals: refusals::Refusals,
+    /// The pace of workload exchanges per namespace.
+    pace: pace::ExchangePace,
+    /// Session keys of refused exchanges, for the next exchange.
+    spare_keys: spare_keys::SpareKeys,
     /// The cluster's service-account issuer, which proves the tokens mounts supply.
     issuer: crate::issuer::Issuer,
     instance: Cache<(), instance::Session>,
@@ -382,6 +436,26 @@ impl Principals {
             .iter()
             .map(|(k, v)| (*k, *v))
             .collect()
+    }
+
+    /// What guarded the workload exchanges so far: refusals remembered and served, turns of
+    /// the namespaces' pace, session keys generated and reused.
+    pub fn exchange_guards(&self) -> ExchangeGuards {
+        let inner = &self.inner;
+        let (refusals, pace, keys) = (
+            inner.refusals.counts(),
+            inner.pace.counts(),
+            inner.spare_keys.counts(),
+        );
+        ExchangeGuards {
+            refusals_remembered: refusals.remembered,
+            refusals_served: refusals.served,
+            refusals_unkept: refusals.unkept,
+            paced_waited: pace.waited,
+            paced_refused: pace.refused,
+            keys_generated: keys.generated,
+            keys_reused: keys.reused,
+        }
     }
 
     /// Verifications of the service-account tokens mounts supplied: (result `ok` |
@@ -452,6 +526,11 @@ impl Principals {
         let workload_kind = config.workload_mechanism.kind();
         let workloads = credential_cache(workload_kind, None, &clock);
         let instance = credential_cache("instance", None, &clock);
+        let refusals = refusals::Refusals::new(config.refusal_memory);
+        let pace = pace::ExchangePace::new(
+            config.namespace_exchanges_per_minute,
+            config.namespace_exchange_burst,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 key_gate,
@@ -465,6 +544,9 @@ impl Principals {
                 users,
                 workloads,
                 workload_kind,
+                refusals,
+                pace,
+                spare_keys: spare_keys::SpareKeys::default(),
                 issuer,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),

@@ -1,6 +1,7 @@
 //! OKE workload identity's exchange (spec 3.3, 3.4): a service-account token for an RPST
 //! bound to a fresh session key, at the cluster's proxymux.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use base64::Engine as _;
@@ -10,7 +11,7 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use super::{Exchanged, Inner, REFRESH_MARGIN, session_key};
+use super::{Exchanged, Inner, REFRESH_MARGIN};
 use crate::error::{AuthError, Endpoint};
 use crate::jwt;
 use crate::remote::{build, error_detail, opc_request_id, send};
@@ -23,12 +24,13 @@ fn proxymux_url(inner: &Inner) -> Result<String, AuthError> {
     })
 }
 
-/// One proxymux exchange with a fresh session key: the RPST, refreshed five minutes before
-/// it expires.
+/// One proxymux exchange for `session_key`, bound to no token yet: the RPST, refreshed five
+/// minutes before it expires.
 pub(super) async fn exchange(
     inner: &Inner,
     (namespace, service_account): (&str, &str),
     token: &SecretString,
+    session_key: &Arc<crate::PrivateKey>,
     deadline: tokio::time::Instant,
 ) -> Result<Exchanged, AuthError> {
     let operation = format!("the token exchange of service account {namespace}/{service_account}");
@@ -37,7 +39,6 @@ pub(super) async fn exchange(
         operation: operation.clone(),
         reason: reason.to_owned(),
     };
-    let session_key = session_key().await?;
     let body = serde_json::json!({ "podKey": session_key.public_key_pem() }).to_string();
     let bearer = Zeroizing::new(format!("Bearer {}", token.expose_secret()));
     let mut bearer =
@@ -89,7 +90,7 @@ pub(super) async fn exchange(
         token: rpst,
         exp,
         refresh_at: exp.checked_sub(REFRESH_MARGIN).unwrap_or(exp),
-        key: session_key,
+        key: Arc::clone(session_key),
     })
 }
 

@@ -195,31 +195,12 @@ pub(super) async fn establish(
             |stale| {
                 let (source, pod) = (source.clone(), pod.clone());
                 let refresh = stale.is_some();
-                inner.counted(inner.workload_kind, refresh, async move {
-                    let (token, info) = match source {
-                        Source::Supplied(token, info) => (token, info),
-                        Source::Request(bind_to) => {
-                            request_token(
-                                inner,
-                                namespace,
-                                service_account,
-                                &bind_to,
-                                request.deadline,
-                            )
-                            .await?
-                        }
-                    };
-                    exchange(
-                        inner,
-                        namespace,
-                        service_account,
-                        token,
-                        info,
-                        pod,
-                        request.deadline,
-                    )
-                    .await
-                })
+                let who = (namespace, service_account);
+                async move {
+                    before_exchange(inner, who, request.deadline).await?;
+                    let fetch = exchange_from(inner, who, source, pod, request.deadline);
+                    inner.counted(inner.workload_kind, refresh, fetch).await
+                }
             },
         )
         .await?;
@@ -235,6 +216,46 @@ pub(super) async fn establish(
             inner.region.clone(),
         ),
     })
+}
+
+/// Before a workload exchange of `who`: a refusal remembered for exactly this namespace and
+/// service account fails the mount at once (no TokenRequest, no key, no exchange); else the
+/// exchange waits for its namespace's turn, or fails at once if that comes after `deadline`.
+async fn before_exchange(
+    inner: &Inner,
+    (namespace, service_account): (&str, &str),
+    deadline: tokio::time::Instant,
+) -> Result<(), AuthError> {
+    inner
+        .refusals
+        .check(namespace, service_account, inner.now())?;
+    inner.pace.admit(namespace, deadline).await
+}
+
+/// One exchange of the token `source` gives (the mount's own, or a TokenRequest's).
+async fn exchange_from(
+    inner: &Inner,
+    (namespace, service_account): (&str, &str),
+    source: Source,
+    pod: Option<(String, String)>,
+    deadline: tokio::time::Instant,
+) -> Result<Session, AuthError> {
+    let (token, info) = match source {
+        Source::Supplied(token, info) => (token, info),
+        Source::Request(bind_to) => {
+            request_token(inner, namespace, service_account, &bind_to, deadline).await?
+        }
+    };
+    exchange(
+        inner,
+        namespace,
+        service_account,
+        token,
+        info,
+        pod,
+        deadline,
+    )
+    .await
 }
 
 /// Which service-account token the exchange uses: the mount's own (proven first,
@@ -371,7 +392,7 @@ async fn renew(
                 let current = stale
                     .filter(|s| &s.identity == identity)
                     .unwrap_or_else(|| current.clone());
-                inner.counted(inner.workload_kind, true, async move {
+                let renewal = inner.counted(inner.workload_kind, true, async move {
                     // The token of the session was proven when it was established (or
                     // came from a TokenRequest): its claims are read again for its expiry.
                     let (token, info) = if fresh(current.sa_exp, inner.now()) {
@@ -403,7 +424,11 @@ async fn renew(
                         deadline,
                     )
                     .await
-                })
+                });
+                async move {
+                    before_exchange(inner, (namespace, service_account), deadline).await?;
+                    renewal.await
+                }
             },
         )
         .await?;
@@ -445,7 +470,8 @@ async fn request_token(
     Ok((token, info))
 }
 
-/// One exchange of `token` by the node's mechanism, with a fresh session key.
+/// One exchange of `token` by the node's mechanism, with a session key no token is bound to
+/// (fresh, or a refused exchange's); a definite refusal is remembered.
 async fn exchange(
     inner: &Inner,
     namespace: &str,
@@ -456,12 +482,26 @@ async fn exchange(
     deadline: tokio::time::Instant,
 ) -> Result<Session, AuthError> {
     let who = (namespace, service_account);
+    let key = inner.spare_keys.take().await?;
     let exchanged = match &inner.config.workload_mechanism {
-        WorkloadMechanism::Oke => super::proxymux::exchange(inner, who, &token, deadline).await?,
+        WorkloadMechanism::Oke => {
+            super::proxymux::exchange(inner, who, &token, &key, deadline).await
+        }
         WorkloadMechanism::Federation(config) => {
-            super::federation::exchange(inner, config, who, &token, deadline).await?
+            super::federation::exchange(inner, config, who, &token, &key, deadline).await
         }
     };
+    let exchanged = match exchanged {
+        Ok(exchanged) => exchanged,
+        Err(error) => {
+            inner.spare_keys.give_back(key, &error);
+            let error = inner
+                .refusals
+                .remember(namespace, service_account, error, inner.now());
+            return Err(error);
+        }
+    };
+    inner.refusals.forget(namespace, service_account);
     let credential = Credential::Workload {
         namespace: namespace.to_owned(),
         service_account: service_account.to_owned(),

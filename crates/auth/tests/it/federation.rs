@@ -21,20 +21,20 @@ use crate::principals::{
 };
 
 const CLIENT: &str = "k8s-csi-runtime";
-const SECRET: &str = "runtime-client-secret";
+pub(crate) const SECRET: &str = "runtime-client-secret";
 const AUDIENCE: &str = "oci-workload-federation";
 /// The service user app/app-sa is mapped to; the twenty `sa-N` share another.
 const USER: &str = "svc-app";
-const STORM_USER: &str = "svc-storm";
+pub(crate) const STORM_USER: &str = "svc-storm";
 
-fn subject(sa: &str) -> String {
+pub(crate) fn subject(sa: &str) -> String {
     format!("system:serviceaccount:{NS}:{sa}")
 }
 
 /// The base seed with an identity domain trusting the emulator's cluster for `AUDIENCE`:
 /// app-sa impersonates `USER`, the `sa-N` `STORM_USER`; the secret allows both service
 /// users and every subject (for RPSTs).
-fn seed() -> Seed {
+pub(crate) fn seed() -> Seed {
     let mut seed = base_seed();
     seed.identity_domain = IdentityDomainSeed::new(CLIENT, SECRET, AUDIENCE)
         .rule(&format!("sub eq {}", subject(SA)), USER)
@@ -86,7 +86,7 @@ async fn fixture_with(
     .await
 }
 
-async fn upst_fixture() -> Fixture {
+pub(crate) async fn upst_fixture() -> Fixture {
     fixture_with(seed(), basic_from_file, TokenType::Upst).await
 }
 
@@ -101,7 +101,7 @@ fn driver_token(fx: &Fixture, sa: &str) -> String {
         .unwrap()
 }
 
-fn mount(fx: &Fixture, sa: &str) -> oci_csi_auth::IdentityRequest {
+pub(crate) fn mount(fx: &Fixture, sa: &str) -> oci_csi_auth::IdentityRequest {
     let mut mount = request(PrincipalKind::Workload, sa);
     mount
         .service_account_tokens
@@ -416,7 +416,7 @@ async fn each_refusal_of_the_identity_domain_names_the_check_and_what_to_fix() {
     }
 }
 
-async fn upst_fixture_from(seed: Seed) -> Fixture {
+pub(crate) async fn upst_fixture_from(seed: Seed) -> Fixture {
     fixture_with(seed, basic_from_file, TokenType::Upst).await
 }
 
@@ -555,4 +555,61 @@ async fn an_instance_session_the_domain_refuses_is_federated_again_for_the_next_
     assert_eq!(get_by_id(&fx, &established).await.status(), 200);
     let stats = fx.emu.stats();
     assert_eq!((stats.federations, stats.token_exchanges(NS, SA)), (2, 1));
+}
+
+#[tokio::test]
+async fn a_401_about_the_subject_keeps_the_instance_session() {
+    let fx = fixture_with(seed(), |_| ClientAuth::InstancePrincipal, rpst()).await;
+    fx.principals.establish(&mount(&fx, SA)).await.unwrap();
+    assert_eq!(fx.emu.stats().federations, 1);
+    // 401s that do not say `invalid_client`: the subject's token, an OCI error body, no
+    // JSON at all. Each identity is exchanged once (their refusals are remembered).
+    for (sa, fault) in [
+        (
+            "sa-1",
+            Fault::OAuth {
+                status: 401,
+                error: "invalid_grant".into(),
+            },
+        ),
+        ("sa-2", Fault::Status(401)),
+        ("sa-3", Fault::NonJsonError(401)),
+    ] {
+        fx.emu.script(Endpoint::IdentityDomain, [fault]);
+        let error = fx.principals.establish(&mount(&fx, sa)).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{sa}: {error}");
+        assert!(error.to_string().contains("http 401"), "{sa}: {error}");
+    }
+    // The node's instance session still signs the next exchange: no federation.
+    let established = fx.principals.establish(&mount(&fx, "sa-4")).await.unwrap();
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    let stats = fx.emu.stats();
+    assert_eq!(stats.federations, 1);
+    assert_eq!(stats.arrived(Endpoint::IdentityDomain), 5);
+}
+
+#[tokio::test]
+async fn a_401_invalid_client_drops_the_instance_session_once() {
+    let fx = fixture_with(seed(), |_| ClientAuth::InstancePrincipal, rpst()).await;
+    fx.principals.establish(&mount(&fx, SA)).await.unwrap();
+    fx.emu.script(
+        Endpoint::IdentityDomain,
+        [Fault::invalid_client(), Fault::invalid_client()],
+    );
+    // The first drops the session: the next exchange signs with a new one, which the domain
+    // refuses too, within the cool-down: it is kept.
+    for sa in ["sa-1", "sa-2"] {
+        let error = fx.principals.establish(&mount(&fx, sa)).await.unwrap_err();
+        assert!(error.to_string().contains("invalid_client"), "{error}");
+    }
+    assert_eq!(fx.emu.stats().federations, 2);
+    // `invalid_client` is the node's, not the subject's: sa-1 is tried again at once.
+    let established = fx.principals.establish(&mount(&fx, "sa-1")).await.unwrap();
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    let stats = fx.emu.stats();
+    assert_eq!(
+        (stats.federations, stats.token_exchanges(NS, "sa-1")),
+        (2, 1)
+    );
+    assert_eq!(fx.principals.exchange_guards().refusals_remembered, 0);
 }

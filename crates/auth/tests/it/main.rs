@@ -4,6 +4,7 @@ mod federation;
 mod keys;
 mod layer;
 mod principals;
+mod refusals;
 mod vectors;
 
 /// Reads a fixture from `tests/data/`.

@@ -16,6 +16,7 @@ mod config;
 
 pub use config::{ClientAuth, ClientSecret, FederationConfig, TokenType, WorkloadMechanism};
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -26,7 +27,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use super::{Exchanged, Inner, REFRESH_MARGIN, session_key};
+use super::{Exchanged, Inner, REFRESH_MARGIN};
 use crate::error::{AuthError, Endpoint, ErrorKind};
 use crate::remote::{build, form_urlencoded, send};
 use crate::signing::{KeyId, SignatureProfile, sign_request};
@@ -48,15 +49,15 @@ const MAX_SECRET_BYTES: usize = 4096;
 const MAX_DESCRIPTION_BYTES: usize = 300;
 
 /// One exchange of `token` (proven, or the provider's own TokenRequest's) for a session
-/// token of `namespace/service_account`, with a fresh session key.
+/// token of `namespace/service_account`, bound to `key` (bound to no token yet).
 pub(super) async fn exchange(
     inner: &Inner,
     config: &FederationConfig,
     (namespace, service_account): (&str, &str),
     token: &SecretString,
+    key: &Arc<crate::PrivateKey>,
     deadline: tokio::time::Instant,
 ) -> Result<Exchanged, AuthError> {
-    let key = session_key().await?;
     let public_key = key.public_key_base64();
     let mut fields = vec![
         ("grant_type", TOKEN_EXCHANGE_GRANT),
@@ -79,16 +80,18 @@ pub(super) async fn exchange(
     let who = (namespace, service_account);
     let (response, signer) = attempts(inner, config, &body, basic.as_ref(), who, deadline).await?;
     if response.status() != StatusCode::OK {
-        if let (Some(signer), StatusCode::UNAUTHORIZED) = (&signer, response.status()) {
-            // The instance session the domain refused is federated again by the next
-            // exchange (at most once per cool-down, as after any 401).
-            super::instance::invalidate(inner, signer).await;
-        }
         let sent = [
             token.expose_secret(),
             secret.as_deref().map_or("", |s| s.as_str()),
         ];
-        return Err(refusal(who, &response, &sent));
+        let refused = refusal(who, &response, &sent);
+        if let (Some(signer), true) = (&signer, refuses_the_client(&refused)) {
+            // The domain refused the instance session that signed for the client: it is
+            // federated again by the next exchange (at most once per cool-down, as after
+            // any 401). A 401 about the subject (`invalid_grant`) leaves the node's session.
+            super::instance::invalidate(inner, signer).await;
+        }
+        return Err(refused);
     }
     let (session_token, exp, issued) =
         answer(response.body(), inner.now()).map_err(|reason| AuthError::MalformedResponse {
@@ -106,8 +109,18 @@ pub(super) async fn exchange(
         token: session_token,
         exp,
         refresh_at: refresh_at(issued, exp),
-        key,
+        key: Arc::clone(key),
     })
+}
+
+/// Whether the domain refused the client's authentication rather than the subject: a 401
+/// with the RFC 6749 error `invalid_client` (a 401 without it, or `invalid_grant`, is about
+/// the service account's token).
+fn refuses_the_client(refused: &AuthError) -> bool {
+    matches!(
+        refused,
+        AuthError::TokenExchange { status: 401, error: Some(error), .. } if error == "invalid_client"
+    )
 }
 
 fn operation((namespace, service_account): (&str, &str)) -> String {
