@@ -291,6 +291,18 @@ pub enum VaultError {
         /// not its `source()`).
         last: Box<VaultError>,
     },
+    /// A listing stopped: its caller's allowance of pages (a mount's) was spent.
+    #[error(
+        "{listing} stopped after {read} pages: the mount has sent all the listing pages a mount may (principal: {principal})",
+        listing = .subject.object,
+        principal = .subject.principal
+    )]
+    PagesSpent {
+        /// The listing and the principal.
+        subject: Box<Subject>,
+        /// Pages this listing read before.
+        read: u32,
+    },
 }
 
 impl cache::JoinError for VaultError {
@@ -349,7 +361,9 @@ impl VaultError {
             VaultError::Exhausted { last, .. } => last.kind(),
             VaultError::Shared(shared) => shared.kind(),
             VaultError::Waited(_) => ErrorKind::DeadlineExceeded,
-            VaultError::BudgetFull { .. } => ErrorKind::ResourceExhausted,
+            VaultError::BudgetFull { .. } | VaultError::PagesSpent { .. } => {
+                ErrorKind::ResourceExhausted
+            }
         }
     }
 
@@ -495,7 +509,8 @@ impl VaultError {
             | VaultError::DeadlineExceeded { subject, .. }
             | VaultError::InvalidRequest { subject, .. }
             | VaultError::Other { subject, .. }
-            | VaultError::BudgetFull { subject, .. } => Some(subject),
+            | VaultError::BudgetFull { subject, .. }
+            | VaultError::PagesSpent { subject, .. } => Some(subject),
             VaultError::Exhausted { last, .. } => last.subject(),
             VaultError::Shared(shared) => shared.subject(),
             VaultError::Waited(_) => None,

@@ -40,7 +40,7 @@ pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
 pub use key::{Api, BundleKey, BundleType};
 pub use list::{
-    ListKind, ListRequest, ListedSecret, MAX_PAGES, Page, PageRequest, SECRETS_PAGE_LIMIT,
+    ListKind, ListRequest, ListedSecret, MAX_PAGES, Page, PageRequest, Pages, SECRETS_PAGE_LIMIT,
     SecretFilter, TagFilter,
 };
 pub use lister::{ListKey, ListStop, Lister, ListerLayer, Listing};

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use auth::Identity;
 use serde::Deserialize;
@@ -71,17 +72,14 @@ pub enum ListKind {
         /// Versions kept at most.
         count: usize,
     },
-    /// The `ACTIVE` secrets of a vault that `filter` selects, in name order: at most
-    /// `max` (one more stops the listing, [`crate::ListStop::TooMany`]).
+    /// The `ACTIVE` secrets of a vault, in name order, with their freeform tags: one
+    /// listing (and one cache entry) per vault, whatever selects from it ([`SecretFilter`]
+    /// is applied to the listing, not sent).
     Secrets {
         /// The compartment OCID (ListSecrets needs it).
         compartment_id: String,
         /// The vault OCID.
         vault_id: String,
-        /// Which secrets are kept.
-        filter: SecretFilter,
-        /// Secrets kept at most.
-        max: usize,
     },
 }
 
@@ -100,6 +98,38 @@ pub struct ListRequest {
     /// Told of the sleeps between the attempts of every page (as
     /// [`crate::SecretRequest::backoff`]).
     pub backoff: Backoff,
+    /// The pages the caller may still have sent upstream (a mount's allowance, shared by
+    /// all its listings); not part of the cache key, as `backoff` is not.
+    pub pages: Pages,
+}
+
+/// An allowance of listing pages sent upstream, shared by its clones (a mount's listings).
+#[derive(Clone, Debug, Default)]
+pub struct Pages(Option<Arc<AtomicU32>>);
+
+impl Pages {
+    /// No allowance: only [`MAX_PAGES`] per listing bounds them.
+    pub const fn unlimited() -> Self {
+        Self(None)
+    }
+
+    /// At most `pages` pages, over every listing given a clone.
+    pub fn at_most(pages: u32) -> Self {
+        Self(Some(Arc::new(AtomicU32::new(pages))))
+    }
+
+    /// Takes one page of the allowance: `false` when none is left.
+    pub(crate) fn take(&self) -> bool {
+        self.0.as_ref().is_none_or(|left| {
+            left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        })
+    }
+
+    /// The pages left (`None`: unlimited).
+    pub fn left(&self) -> Option<u32> {
+        self.0.as_ref().map(|left| left.load(Ordering::Relaxed))
+    }
 }
 
 impl ListRequest {
@@ -127,13 +157,15 @@ pub struct PageRequest {
     pub page: Option<String>,
 }
 
-/// A secret a vault listing selected.
+/// An `ACTIVE` secret of a vault listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedSecret {
     /// The secret OCID.
     pub id: String,
     /// Its name.
     pub name: String,
+    /// Its freeform tags (what a [`SecretFilter`] selects by).
+    pub tags: BTreeMap<String, String>,
 }
 
 /// One page as OCI answered it.
@@ -141,8 +173,8 @@ pub struct ListedSecret {
 pub struct Page {
     /// Version numbers (versions listings), each with whether it is scheduled for deletion.
     pub versions: Vec<(u64, bool)>,
-    /// Secrets (vault listings), each with its lifecycle state and freeform tags.
-    pub secrets: Vec<(ListedSecret, String, BTreeMap<String, String>)>,
+    /// Secrets (vault listings), each with its lifecycle state.
+    pub secrets: Vec<(ListedSecret, String)>,
     /// `opc-next-page`: there are more.
     pub next: Option<String>,
 }
@@ -264,9 +296,10 @@ fn parse_secrets(body: &[u8], next: Option<String>) -> Result<Page, MalformedBun
         let listed = ListedSecret {
             id: text(s.id, "id")?,
             name: text(s.secret_name, "secretName")?,
+            tags: s.freeform_tags.unwrap_or_default(),
         };
         let state = text(s.lifecycle_state, "lifecycleState")?;
-        secrets.push((listed, state, s.freeform_tags.unwrap_or_default()));
+        secrets.push((listed, state));
     }
     Ok(Page {
         secrets,
@@ -290,6 +323,7 @@ mod tests {
                 kind,
                 deadline: Instant::now(),
                 backoff: Backoff::none(),
+                pages: Pages::unlimited(),
             }),
             page: page.map(str::to_owned),
         }
@@ -321,8 +355,6 @@ mod tests {
         let kind = ListKind::Secrets {
             compartment_id: "ocid1.compartment.oc1..c".into(),
             vault_id: "ocid1.vault.oc1..v".into(),
-            filter: SecretFilter::default(),
-            max: 10,
         };
         let (_, uri) = page(kind, Some("next")).method_and_uri();
         assert_eq!(
@@ -362,8 +394,6 @@ mod tests {
             ListKind::Secrets {
                 compartment_id: "c".into(),
                 vault_id: "v".into(),
-                filter: SecretFilter::default(),
-                max: 1,
             },
             None,
         );
@@ -375,7 +405,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(parsed.secrets[0].0.name, "a");
-        assert_eq!(parsed.secrets[0].2["team"], "payments");
+        assert_eq!(parsed.secrets[0].0.tags["team"], "payments");
         assert_eq!(parsed.next, None, "an empty opc-next-page is the last page");
         assert_eq!(
             secrets

@@ -21,8 +21,6 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Why a listing stopped before its last page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListStop {
-    /// More secrets were selected than the listing's `max`.
-    TooMany,
     /// [`MAX_PAGES`] pages were read.
     TooManyPages,
 }
@@ -32,7 +30,7 @@ pub enum ListStop {
 pub struct Listing {
     /// Version numbers, newest first (versions listings).
     pub versions: Vec<u64>,
-    /// Secrets, in name order (vault listings).
+    /// The `ACTIVE` secrets, in name order, with their tags (vault listings).
     pub secrets: Vec<ListedSecret>,
     /// Why the listing stopped early, if it did.
     pub stopped: Option<ListStop>,
@@ -54,17 +52,13 @@ impl Listing {
                 self.versions.truncate(*count);
                 self.versions.len() >= *count
             }
-            ListKind::Secrets { filter, max, .. } => {
-                for (secret, state, tags) in page.secrets {
-                    if state != "ACTIVE" || !filter.matches(&secret.name, &tags) {
-                        continue;
-                    }
-                    if self.secrets.len() >= *max {
-                        self.stopped = Some(ListStop::TooMany);
-                        return true;
-                    }
-                    self.secrets.push(secret);
-                }
+            ListKind::Secrets { .. } => {
+                let active = page
+                    .secrets
+                    .into_iter()
+                    .filter(|(_, state)| state == "ACTIVE")
+                    .map(|(secret, _)| secret);
+                self.secrets.extend(active);
                 false
             }
         }
@@ -72,13 +66,16 @@ impl Listing {
 }
 
 impl cache::CacheValue for Listing {
-    /// The names and OCIDs kept.
+    /// The names, OCIDs and tags kept.
     fn bytes(&self) -> usize {
         self.versions.len() * 8
             + self
                 .secrets
                 .iter()
-                .map(|s| s.id.len() + s.name.len())
+                .map(|s| {
+                    let tags: usize = s.tags.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    s.id.len() + s.name.len() + tags
+                })
                 .sum::<usize>()
     }
 }
@@ -105,8 +102,9 @@ impl cache::CacheKey for ListRequest {
             session,
             kind,
             deadline: _,
-            // The caller's budget, not what is listed (see `SecretRequest`'s key).
+            // The caller's budgets, not what is listed (see `SecretRequest`'s key).
             backoff: _,
+            pages: _,
         } = self;
         ListKey {
             credential: session.credential().clone(),
@@ -170,6 +168,18 @@ where
             listing.stopped = Some(ListStop::TooManyPages);
             return Ok(listing);
         }
+        // The caller's allowance (a mount's, over all its listings): an error, so that
+        // what was read is not cached as if it were the whole listing.
+        if !request.pages.take() {
+            return Err(VaultError::PagesSpent {
+                subject: Box::new(crate::Subject {
+                    object: request.describe(),
+                    principal: request.session.identity(),
+                    grant: crate::Subject::LIST_GRANT,
+                }),
+                read: listing.pages,
+            });
+        }
         let answer = inner
             .clone()
             .oneshot(PageRequest {
@@ -191,7 +201,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     use super::*;
@@ -230,41 +239,30 @@ mod tests {
             kind,
             deadline: Instant::now(),
             backoff: crate::Backoff::none(),
+            pages: crate::Pages::unlimited(),
         }
     }
 
-    fn secret(
-        name: &str,
-        state: &str,
-        team: &str,
-    ) -> (ListedSecret, String, BTreeMap<String, String>) {
+    fn secret(name: &str, state: &str, team: &str) -> (ListedSecret, String) {
         (
             ListedSecret {
                 id: format!("ocid1.vaultsecret..{name}"),
                 name: name.into(),
+                tags: [("team".to_owned(), team.to_owned())].into(),
             },
             state.into(),
-            [("team".to_owned(), team.to_owned())].into(),
         )
     }
 
-    fn selection(max: usize) -> ListKind {
+    fn vault() -> ListKind {
         ListKind::Secrets {
             compartment_id: "c".into(),
             vault_id: "v".into(),
-            filter: SecretFilter {
-                tag: Some(TagFilter {
-                    key: "team".into(),
-                    value: Some("payments".into()),
-                }),
-                name_prefix: None,
-            },
-            max,
         }
     }
 
     #[tokio::test]
-    async fn a_selection_follows_every_page_and_keeps_the_active_secrets_it_selects() {
+    async fn a_vault_listing_follows_every_page_and_keeps_the_active_secrets_with_their_tags() {
         let pages = Pages::default();
         *pages.pages.lock().unwrap() = vec![
             Page {
@@ -283,34 +281,57 @@ mod tests {
         ];
         let listing = ListerLayer
             .layer(pages.clone())
-            .oneshot(request(selection(5)))
+            .oneshot(request(vault()))
             .await
             .unwrap();
         let names: Vec<&str> = listing.secrets.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["a", "d"]);
+        assert_eq!(names, ["a", "b", "d"]);
+        assert_eq!(listing.secrets[1].tags["team"], "billing");
         assert_eq!((listing.pages, listing.stopped), (2, None));
         assert_eq!(*pages.asked.lock().unwrap(), [None, Some("p2".into())]);
+        let filter = SecretFilter {
+            tag: Some(TagFilter {
+                key: "team".into(),
+                value: Some("payments".into()),
+            }),
+            name_prefix: None,
+        };
+        let selected: Vec<&str> = listing
+            .secrets
+            .iter()
+            .filter(|s| filter.matches(&s.name, &s.tags))
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(selected, ["a", "d"]);
     }
 
     #[tokio::test]
-    async fn a_selection_past_its_max_stops_at_the_first_secret_too_many() {
+    async fn a_listing_stops_with_an_error_when_the_callers_pages_are_spent() {
         let pages = Pages::default();
-        *pages.pages.lock().unwrap() = vec![Page {
-            secrets: vec![
-                secret("a", "ACTIVE", "payments"),
-                secret("b", "ACTIVE", "payments"),
-            ],
-            next: Some("p2".into()),
-            ..Page::default()
-        }];
-        let listing = ListerLayer
+        *pages.pages.lock().unwrap() = vec![
+            Page {
+                secrets: vec![secret("a", "ACTIVE", "payments")],
+                next: Some("p2".into()),
+                ..Page::default()
+            },
+            Page::default(),
+        ];
+        let allowance = crate::Pages::at_most(1);
+        let err = ListerLayer
             .layer(pages.clone())
-            .oneshot(request(selection(1)))
+            .oneshot(ListRequest {
+                pages: allowance.clone(),
+                ..request(vault())
+            })
             .await
-            .unwrap();
-        assert_eq!(listing.stopped, Some(ListStop::TooMany));
-        assert_eq!(listing.secrets.len(), 1);
+            .unwrap_err();
+        assert!(
+            matches!(err, VaultError::PagesSpent { read: 1, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), crate::ErrorKind::ResourceExhausted);
         assert_eq!(pages.asked.lock().unwrap().len(), 1, "no second page");
+        assert_eq!(allowance.left(), Some(0));
     }
 
     #[tokio::test]

@@ -206,6 +206,9 @@ pub struct MountContext {
     pub max_secrets: usize,
     /// Most files a mount writes, every kind counted; the parser stops there.
     pub max_files: usize,
+    /// Most listing pages (ListSecrets, ListSecretBundleVersions) one mount sends upstream,
+    /// over all its `versions`, `tag` and `namePrefix` entries (a cached listing sends none).
+    pub max_listing_pages: u32,
     /// Where calls go: the principal's region, or the `region` / `failoverRegion` a class
     /// names, as URLs.
     pub endpoints: Arc<crate::endpoints::Endpoints>,
@@ -260,6 +263,7 @@ impl Default for MountContext {
             max_total_bytes: 3 * 1024 * 1024 + 512 * 1024,
             max_secrets: crate::params::DEFAULT_MAX_SECRETS,
             max_files: crate::params::DEFAULT_MAX_FILES,
+            max_listing_pages: vault::MAX_PAGES,
             endpoints: Arc::default(),
             certificate_expiry: Arc::default(),
             tenant_keys: auth::TenantKeys::new(2, std::time::Duration::from_secs(10)),

@@ -32,6 +32,9 @@ pub(super) struct MountRun<'a> {
     pub(super) mount: Arc<MountBytes>,
     /// Fetches made at once (`MountContext::fan_out`).
     pub(super) permits: Arc<Semaphore>,
+    /// The listing pages the mount may still send upstream, over all its listings
+    /// (`MountContext::max_listing_pages`).
+    pub(super) pages: vault::Pages,
 }
 
 /// What an entry gives the mount: its files, what their object versions are made of, and

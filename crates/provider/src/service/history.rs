@@ -52,6 +52,7 @@ pub(super) async fn versions_entry<V: SecretsService, L: ListingService>(
         deadline: run.request.deadline,
         // `Budget` puts its hook in when it passes the request on.
         backoff: vault::Backoff::none(),
+        pages: run.pages.clone(),
     };
     let what = format!("secrets[{}].versions", spec.index);
     let (listing, held) = match list(run, listings, request, (&what, ""), span).await {

@@ -178,6 +178,7 @@ where
             namespace,
             mount: MountBytes::new(namespace, self.config.max_total_bytes),
             permits: Arc::new(Semaphore::new(self.config.fan_out.max(1))),
+            pages: vault::Pages::at_most(self.config.max_listing_pages),
         };
         let mut entries = fanout::fetch_all(
             &run,

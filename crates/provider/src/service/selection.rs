@@ -1,7 +1,8 @@
 //! A `tag` / `namePrefix` entry: the active secrets of a vault listed (the Vault API's
-//! ListSecrets, every page, cached per credential like a bundle), at most the files the
-//! mount may still write, then each selected secret read as a `name` entry, at once, each
-//! under its own fan-out permit and through the byte budget.
+//! ListSecrets, every page, cached per credential like a bundle: one listing per vault,
+//! however many entries select from it, joined while in flight), filtered here, at most the
+//! files the mount may still write, then each selected secret read as a `name` entry, at
+//! once, each under its own fan-out permit and through the byte budget.
 
 use bounded::quote;
 use csi_grpc::{ErrorKind, MountError};
@@ -37,12 +38,11 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
         kind: vault::ListKind::Secrets {
             compartment_id: spec.compartment_id.clone(),
             vault_id: spec.vault_id.clone(),
-            filter: spec.filter.clone(),
-            max: room,
         },
         deadline: run.request.deadline,
         // `Budget` puts its hook in when it passes the request on.
         backoff: vault::Backoff::none(),
+        pages: run.pages.clone(),
     };
     let what = format!("secrets[{index}].{}", spec.describe());
     let hint = policy_hint(&spec.compartment_id);
@@ -52,9 +52,17 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
     };
     drop(permit);
     if let Some(stopped) = listing.stopped {
-        return EntryOutcome::Stop(stopped_early(run, spec, stopped, room));
+        return EntryOutcome::Stop(stopped_early(spec, stopped));
     }
-    if listing.secrets.is_empty() {
+    let selected: Vec<&vault::ListedSecret> = listing
+        .secrets
+        .iter()
+        .filter(|secret| spec.filter.matches(&secret.name, &secret.tags))
+        .collect();
+    if selected.len() > room {
+        return EntryOutcome::Stop(too_many(run, spec, room));
+    }
+    if selected.is_empty() {
         // As a `name` entry whose secret does not exist: most likely a mistyped tag.
         return EntryOutcome::Stop(MountError::new(
             ErrorKind::NotFound,
@@ -64,8 +72,7 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
             ),
         ));
     }
-    let entries: Result<Vec<SecretSpec>, MountError> = listing
-        .secrets
+    let entries: Result<Vec<SecretSpec>, MountError> = selected
         .iter()
         .map(|secret| name_entry(spec, &secret.name))
         .collect();
@@ -121,23 +128,24 @@ fn policy_hint(compartment: &str) -> String {
     )
 }
 
-/// The listing stopped before its end: more secrets selected than the mount may write, or
-/// a vault too large to list.
-fn stopped_early(
-    run: &MountRun<'_>,
-    spec: &SelectionSpec,
-    stopped: vault::ListStop,
-    room: usize,
-) -> MountError {
+/// More secrets selected than the mount may still write.
+fn too_many(run: &MountRun<'_>, spec: &SelectionSpec, room: usize) -> MountError {
+    MountError::invalid_argument(format!(
+        "secrets[{}].{} selects more than {room} secrets of vault {}, the files this mount may \
+         still write (server.max_files_per_mount is {}); narrow the selection or split it over \
+         several SecretProviderClasses",
+        spec.index,
+        spec.describe(),
+        spec.vault_id,
+        run.config.max_files
+    ))
+}
+
+/// The listing stopped before its end: a vault too large to list.
+fn stopped_early(spec: &SelectionSpec, stopped: vault::ListStop) -> MountError {
     let index = spec.index;
     let selection = spec.describe();
     match stopped {
-        vault::ListStop::TooMany => MountError::invalid_argument(format!(
-            "secrets[{index}].{selection} selects more than {room} secrets of vault {}, the \
-             files this mount may still write (server.max_files_per_mount is {}); narrow the \
-             selection or split it over several SecretProviderClasses",
-            spec.vault_id, run.config.max_files
-        )),
         vault::ListStop::TooManyPages => MountError::new(
             ErrorKind::ResourceExhausted,
             format!(

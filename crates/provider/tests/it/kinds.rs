@@ -460,6 +460,61 @@ async fn a_tag_selecting_3_of_7_secrets_over_2_pages_makes_2_list_calls_and_3_fe
 }
 
 #[tokio::test]
+async fn ten_selections_of_one_vault_make_one_listings_pages() {
+    let stack = stack(seed(seven()), MountContext::default()).await;
+    stack.emu.set_list_page_size(4);
+    // Ten entries selecting differently from one vault: one listing, filtered ten ways.
+    let entries: String = (0..10)
+        .map(|i| match i % 3 {
+            0 => format!("- tag: team=payments\n  directory: d{i}\n"),
+            1 => format!("- namePrefix: app-\n  directory: d{i}\n"),
+            _ => format!("- tag: team\n  namePrefix: web-\n  directory: d{i}\n"),
+        })
+        .collect();
+    let response = stack.mount(&entries).await.unwrap();
+    assert_eq!(response.files.len(), 4 * 3 + 3 * 3 + 3 * 2);
+    assert_eq!(
+        stack.calls(),
+        (0, 5, 2),
+        "the vault's 2 ListSecrets pages once, and each of the 5 secrets selected fetched once"
+    );
+    stack.mount(&entries).await.unwrap();
+    assert_eq!(stack.calls(), (0, 5, 2), "and once in the cache");
+}
+
+#[tokio::test]
+async fn a_mounts_listing_pages_are_capped_over_all_its_entries() {
+    let config = MountContext {
+        max_listing_pages: 3,
+        ..MountContext::default()
+    };
+    let stack = stack(seed(seven()), config).await;
+    stack.emu.set_list_page_size(1);
+    // The vault's six active secrets take six pages: past the mount's three.
+    let err = stack
+        .mount("- tag: team=payments\n  directory: pay\n")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(
+        err.message()
+            .contains("stopped after 3 pages: the mount has sent all the listing pages"),
+        "{err}"
+    );
+    assert_eq!(
+        stack.calls(),
+        (0, 0, 3),
+        "no fourth page, and nothing cached"
+    );
+    let err = stack
+        .mount("- tag: team=payments\n  directory: pay\n")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert_eq!(stack.calls(), (0, 0, 6), "a refused listing is not cached");
+}
+
+#[tokio::test]
 async fn a_tag_selecting_more_than_the_file_limit_is_refused_naming_the_setting() {
     let config = MountContext {
         max_files: 3,
