@@ -189,6 +189,9 @@ pub(crate) fn principals_config(config: &Config, regions: Regions) -> Principals
         workload_audience: config.auth.workload_audience.clone(),
         token_request: config.auth.token_request,
         workload_mechanism: config.auth.workload.mechanism(),
+        refusal_memory: Duration::from_secs(config.auth.workload.refusal_memory_seconds),
+        namespace_exchanges_per_minute: config.auth.workload.namespace_exchanges_per_minute,
+        namespace_exchange_burst: config.auth.workload.namespace_exchange_burst,
         ..PrincipalsConfig::default()
     }
 }

@@ -13,13 +13,35 @@ use serde::{Deserialize, Serialize};
 use crate::endpoints::HttpsUrl;
 
 /// `[auth.workload]`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkloadConfig {
     /// `oke` (the default: OKE's proxymux) or `federation` (an identity domain).
     pub mechanism: Mechanism,
+    /// Seconds a definite refusal of a service account's exchange (400, 401 or 403 of the
+    /// identity domain, not `invalid_client`, or of the proxymux) is remembered: its mounts
+    /// fail at once meanwhile, and a fixed trust rule takes effect after at most this long
+    /// (0: never remembered).
+    pub refusal_memory_seconds: u64,
+    /// Exchanges (TokenRequest, key and exchange) one namespace makes per minute after its
+    /// burst; one over waits within its mount's deadline, else is `ResourceExhausted`.
+    pub namespace_exchanges_per_minute: u32,
+    /// Exchanges one namespace may make at once.
+    pub namespace_exchange_burst: u32,
     /// `[auth.workload.federation]`, read when `mechanism = "federation"`.
     pub federation: FederationSettings,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            mechanism: Mechanism::default(),
+            refusal_memory_seconds: auth::DEFAULT_REFUSAL_MEMORY.as_secs(),
+            namespace_exchanges_per_minute: auth::DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE,
+            namespace_exchange_burst: auth::DEFAULT_NAMESPACE_EXCHANGE_BURST,
+            federation: FederationSettings::default(),
+        }
+    }
 }
 
 /// What serves `authType: workload`.
@@ -110,8 +132,8 @@ pub(crate) const REFUSED_VARIABLES: [(&str, &str); 4] = [
     ),
     (
         "OCI_WORKLOAD_IDENTITY_PUBLIC_KEY",
-        "the provider makes a new key pair for every exchange (so does OCI's Go SDK, which \
-         ignores this variable)",
+        "the provider makes the key pair of each session, bound to no other token (OCI's Go \
+         SDK makes a new one for every exchange and ignores this variable)",
     ),
     (
         "OCI_WORKLOAD_IDENTITY_RPST_EXP",
@@ -125,6 +147,11 @@ impl WorkloadConfig {
     /// needs the region, an audience of its own, the domain, exactly one client
     /// authentication, and `resource_type` with RPSTs only.
     pub(crate) fn validate(&self, region: Option<&str>, audience: &str) -> Result<(), String> {
+        if self.namespace_exchanges_per_minute == 0 || self.namespace_exchange_burst == 0 {
+            return Err("auth.workload.namespace_exchanges_per_minute and \
+                 namespace_exchange_burst are at least 1: 0 would refuse every workload exchange"
+                .into());
+        }
         let f = &self.federation;
         if self.mechanism == Mechanism::Oke {
             return match f.domain_url {
@@ -337,6 +364,28 @@ mod tests {
     }
 
     #[test]
+    fn the_refusal_memory_and_the_namespace_pace_reach_the_principals() {
+        let defaults =
+            crate::wiring::principals_config(&load(&[]).unwrap(), regions::Regions::default());
+        assert_eq!(defaults.refusal_memory, auth::DEFAULT_REFUSAL_MEMORY);
+        assert_eq!(defaults.namespace_exchanges_per_minute, 120);
+        assert_eq!(defaults.namespace_exchange_burst, 20);
+        let config = load(&[
+            ("OCI_PROVIDER_AUTH__WORKLOAD__REFUSAL_MEMORY_SECONDS", "0"),
+            (
+                "OCI_PROVIDER_AUTH__WORKLOAD__NAMESPACE_EXCHANGES_PER_MINUTE",
+                "30",
+            ),
+            ("OCI_PROVIDER_AUTH__WORKLOAD__NAMESPACE_EXCHANGE_BURST", "5"),
+        ])
+        .unwrap();
+        let principals = crate::wiring::principals_config(&config, regions::Regions::default());
+        assert_eq!(principals.refusal_memory, std::time::Duration::ZERO);
+        assert_eq!(principals.namespace_exchanges_per_minute, 30);
+        assert_eq!(principals.namespace_exchange_burst, 5);
+    }
+
+    #[test]
     fn federation_settings_that_cannot_work_fail_at_start_naming_what_to_set() {
         let client = [
             ("OCI_WORKLOAD_IDENTITY_CLIENT_ID", "runtime"),
@@ -423,6 +472,10 @@ mod tests {
             (
                 with(&[("OCI_PROVIDER_AUTH__WORKLOAD__MECHANISM", "kerberos")]),
                 "auth.workload.mechanism",
+            ),
+            (
+                with(&[("OCI_PROVIDER_AUTH__WORKLOAD__NAMESPACE_EXCHANGE_BURST", "0")]),
+                "namespace_exchange_burst are at least 1",
             ),
         ];
         for (vars, fragment) in cases {

@@ -160,6 +160,11 @@ pub(super) struct RenewalLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct VerificationLabel {
     result: &'static str,
     reason: &'static str,
@@ -193,6 +198,7 @@ impl Collector for ScrapeSources {
         encode_cache_counters(&mut encoder, &all)?;
         self.encode_otlp(&mut encoder)?;
         self.encode_upstream(&mut encoder)?;
+        self.encode_exchange_guards(&mut encoder)?;
         self.encode_served(&mut encoder)?;
         self.encode_certificates(&mut encoder)?;
         encode_cache_gauges(&mut encoder, &all)
@@ -279,6 +285,43 @@ impl ScrapeSources {
         for ((result, reason), n) in self.principals.token_verifications() {
             ConstCounter::new(n)
                 .encode(family.encode_family(&VerificationLabel { result, reason })?)?;
+        }
+        Ok(())
+    }
+
+    /// What kept workload exchanges from the identity domain or the proxymux: refusals
+    /// remembered and served, and the namespaces' pace.
+    fn encode_exchange_guards(
+        &self,
+        encoder: &mut DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let guards = self.principals.exchange_guards();
+        for (name, help, counts) in [
+            (
+                "credential_refusals",
+                "Definite refusals of workload exchanges (identity domain or proxymux; 400, 401 \
+                 or 403, not invalid_client): remembered per namespace and service account, \
+                 served to a mount instead of an exchange, unkept (no room)",
+                vec![
+                    ("remembered", guards.refusals_remembered),
+                    ("served", guards.refusals_served),
+                    ("unkept", guards.refusals_unkept),
+                ],
+            ),
+            (
+                "credential_exchange_pace",
+                "Workload exchanges over their namespace's pace: waited for their turn, or \
+                 refused at once (the turn came after the mount's deadline)",
+                vec![
+                    ("waited", guards.paced_waited),
+                    ("refused", guards.paced_refused),
+                ],
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (outcome, n) in counts {
+                ConstCounter::new(n).encode(family.encode_family(&OutcomeLabel { outcome })?)?;
+            }
         }
         Ok(())
     }

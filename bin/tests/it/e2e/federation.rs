@@ -13,7 +13,7 @@ use serde_json::json;
 use testkit::{Emulator, Endpoint, Fault, IdentityDomainSeed, Principal, Seed, Signer, TokenSpec};
 use tonic::Code;
 
-use super::{NAMESPACE, SECRET_BYTES, TWO_SECRETS, files_of, metric, request, seed};
+use super::{NAMESPACE, SECRET_BYTES, TWO_SECRETS, files_of, metric, metrics_when, request, seed};
 use crate::process::Provider;
 
 const CLIENT: &str = "k8s-csi-runtime";
@@ -254,6 +254,56 @@ async fn federated_rpst_mounts_signed_by_the_instance_principal_and_a_secret_of_
             .iter()
             .all(|(kind, _, client)| kind == "rpst" && client == CLIENT)
     );
+    assert!(provider.terminate().await.status.success());
+}
+
+#[tokio::test]
+async fn five_mounts_of_a_refused_service_account_through_the_socket_make_one_exchange() {
+    let emu = federation_emulator(2).await;
+    let settings = format!(
+        "client_id = {CLIENT:?}\nclient_secret_file = {:?}\n",
+        emu.files().client_secret.display().to_string()
+    );
+    let provider = start(&config(&emu, "refused.toml", &settings), &[]).await;
+    let mut client = provider.client().await;
+    emu.set_fault(Endpoint::IdentityDomain, Some(Fault::invalid_grant()));
+    // Five pods of the service account, each mount by TokenRequest: one is made.
+    for pod in 10..15 {
+        let status = client
+            .mount(request("workload", "sa-0", pod, "- name: db-password\n"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        assert!(status.message().contains("invalid_grant"), "{status:?}");
+        assert!(
+            status.message().contains("this refusal is remembered"),
+            "{status:?}"
+        );
+    }
+    let stats = emu.stats();
+    assert_eq!(
+        (
+            stats.arrived(Endpoint::IdentityDomain),
+            stats.total_token_requests()
+        ),
+        (1, 1)
+    );
+    let served = "oci_provider_credential_refusals_total{outcome=\"served\"}";
+    let metrics = metrics_when(&provider, served, 4.0).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "oci_provider_credential_refusals_total{outcome=\"remembered\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+    // Another service account of the namespace is exchanged at once.
+    emu.clear_faults(Endpoint::IdentityDomain);
+    client
+        .mount(request("workload", "sa-1", 20, "- name: db-password\n"))
+        .await
+        .unwrap();
     assert!(provider.terminate().await.status.success());
 }
 
