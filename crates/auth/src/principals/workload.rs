@@ -53,6 +53,12 @@ impl Session {
     fn usable(&self, now: SystemTime) -> bool {
         !self.invalidated.load(Ordering::Relaxed) && now < self.refresh_at
     }
+
+    /// Still good to sign with (OCI has not refused it, and it expires more than five
+    /// minutes from now), though perhaps due for a refresh.
+    fn valid(&self, now: SystemTime) -> bool {
+        !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
+    }
 }
 
 /// What we read of a service-account token's claims.
@@ -195,9 +201,18 @@ pub(super) async fn establish(
             |stale| {
                 let (source, pod) = (source.clone(), pod.clone());
                 let refresh = stale.is_some();
+                let valid = stale.filter(|s| matches(s) && s.valid(inner.now()));
                 let who = (namespace, service_account);
                 async move {
-                    before_exchange(inner, who, request.deadline).await?;
+                    if let Err(error) = before_exchange(inner, who, request.deadline).await {
+                        // A refresh its namespace's pace has no turn for keeps the session
+                        // while it is valid: the pace delays renewals, it fails no mount
+                        // that has a session.
+                        return match (valid, &error) {
+                            (Some(session), AuthError::ExchangesPaced { .. }) => Ok(session),
+                            _ => Err(error),
+                        };
+                    }
                     let fetch = exchange_from(inner, who, source, pod, request.deadline);
                     inner.counted(inner.workload_kind, refresh, fetch).await
                 }

@@ -22,7 +22,7 @@ use crate::principals::{
 
 const CLIENT: &str = "k8s-csi-runtime";
 pub(crate) const SECRET: &str = "runtime-client-secret";
-const AUDIENCE: &str = "oci-workload-federation";
+pub(crate) const AUDIENCE: &str = "oci-workload-federation";
 /// The service user app/app-sa is mapped to; the twenty `sa-N` share another.
 const USER: &str = "svc-app";
 pub(crate) const STORM_USER: &str = "svc-storm";
@@ -52,7 +52,11 @@ pub(crate) fn seed() -> Seed {
     seed.secret(secret)
 }
 
-fn federation(emu: &Emulator, client: ClientAuth, token_type: TokenType) -> WorkloadMechanism {
+pub(crate) fn federation(
+    emu: &Emulator,
+    client: ClientAuth,
+    token_type: TokenType,
+) -> WorkloadMechanism {
     WorkloadMechanism::Federation(FederationConfig {
         domain_url: emu.url(Endpoint::IdentityDomain),
         client,
@@ -60,7 +64,7 @@ fn federation(emu: &Emulator, client: ClientAuth, token_type: TokenType) -> Work
     })
 }
 
-fn basic_from_file(emu: &Emulator) -> ClientAuth {
+pub(crate) fn basic_from_file(emu: &Emulator) -> ClientAuth {
     ClientAuth::Secret {
         client_id: CLIENT.into(),
         secret: ClientSecret::File(emu.files().client_secret.clone()),

@@ -342,3 +342,34 @@ async fn mounts_within_their_deadline_wait_for_their_namespaces_pace() {
     assert_eq!(fx.emu.stats().total_proxymux_exchanges(), 3);
     assert_eq!(fx.principals.exchange_guards().paced_waited, 2);
 }
+
+#[tokio::test]
+async fn a_refresh_past_its_namespaces_pace_keeps_the_valid_session() {
+    let fx = start(seed(), |c, emu| {
+        c.workload_audience = crate::federation::AUDIENCE.into();
+        c.workload_mechanism = crate::federation::federation(
+            emu,
+            crate::federation::basic_from_file(emu),
+            oci_csi_auth::TokenType::Upst,
+        );
+        c.namespace_exchanges_per_minute = 1;
+        c.namespace_exchange_burst = 1;
+    })
+    .await;
+    let t0 = fx.clock.now_for_test();
+    fx.principals.establish(&mount(&fx, "sa-1")).await.unwrap();
+    // Half the UPST's hour: due for a refresh, valid for half an hour more, and the
+    // namespace's next turn is a minute away, past the mount's deadline.
+    fx.clock.set(t0 + Duration::from_secs(1800));
+    let established = fx.principals.establish(&mount(&fx, "sa-1")).await.unwrap();
+    assert_eq!(get_by_id(&fx, &established).await.status(), 200);
+    assert_eq!(fx.emu.stats().token_exchanges(NS, "sa-1"), 1);
+    assert_eq!(fx.principals.exchange_guards().paced_refused, 1);
+    // A new identity of the namespace has no session to keep: it waits for the turn.
+    let error = fx
+        .principals
+        .establish(&mount(&fx, "sa-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::ResourceExhausted, "{error}");
+}
