@@ -782,7 +782,8 @@ mod tests {
         assert_eq!(config.server.namespace_mounts(), 8);
         assert_eq!(config.server.namespace_queued_mounts(), 0);
         // Defaults: a quarter of the slots and of the bytes; as many places to wait as
-        // slots, for the node and for one namespace.
+        // slots for the node, a quarter of them for one namespace (issue 39: one namespace
+        // no longer fills the queue).
         let config = Config::load(&flags, &BTreeMap::new()).unwrap();
         assert_eq!(config.server.namespace_mounts(), 16);
         assert_eq!(
@@ -790,8 +791,9 @@ mod tests {
                 config.server.queued_mounts(),
                 config.server.namespace_queued_mounts()
             ),
-            (64, 64)
+            (64, 16)
         );
+        assert_eq!(config.server.namespace_request_bytes(), 1 << 20);
         assert_eq!(config.server.namespace_bytes(256 * 1024), 8 << 20);
         let vars: BTreeMap<String, String> = [(
             "OCI_PROVIDER_AUTH__ALLOWED_TYPES".to_owned(),

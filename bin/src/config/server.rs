@@ -57,14 +57,15 @@ pub struct ServerConfig {
     /// share), until a slot frees or their deadline passes; beyond it a mount is
     /// `ResourceExhausted`. `None`: `max_in_flight_mounts`; 0: no mount waits.
     pub max_queued_mounts: Option<usize>,
-    /// Mounts of one namespace waiting at once; `None`: `max_queued_mounts`.
+    /// Mounts of one namespace waiting at once; `None`: a quarter of `max_queued_mounts`.
     pub max_queued_mounts_per_namespace: Option<usize>,
     /// Bytes the decoded requests of the mounts in flight and waiting may hold at once (a
     /// request is at most 1 MiB, a driver's a few KiB); beyond it a mount is
     /// `ResourceExhausted`. Part of the memory model's baseline.
     pub max_request_bytes: usize,
-    /// Bytes the requests of one namespace's mounts may hold at once; `None`: half of
-    /// `max_request_bytes`, at least one largest request (1 MiB).
+    /// A namespace's share of `max_request_bytes`: past it its requests hold more only while
+    /// a share stays free for the others; `None`: an eighth of `max_request_bytes`, at least
+    /// one largest request (1 MiB).
     pub max_request_bytes_per_namespace: Option<usize>,
     /// Entries a SecretProviderClass's `secrets` list may have.
     pub max_secrets_per_mount: usize,
@@ -106,7 +107,7 @@ impl ServerConfig {
     /// `max_request_bytes_per_namespace`, resolved.
     pub fn namespace_request_bytes(&self) -> usize {
         self.max_request_bytes_per_namespace.unwrap_or(
-            (self.max_request_bytes / 2)
+            (self.max_request_bytes / 8)
                 .max(csi_grpc::MAX_REQUEST_BYTES)
                 .min(self.max_request_bytes),
         )
@@ -115,7 +116,7 @@ impl ServerConfig {
     /// `max_queued_mounts_per_namespace`, resolved.
     pub fn namespace_queued_mounts(&self) -> usize {
         self.max_queued_mounts_per_namespace
-            .unwrap_or_else(|| self.queued_mounts())
+            .unwrap_or_else(|| self.queued_mounts().div_ceil(4))
     }
 }
 

@@ -71,12 +71,14 @@ pub struct MountLimits {
     /// no mount waits.
     pub max_queued: usize,
     /// Mounts of one namespace waiting for a slot at once; beyond it the namespace's
-    /// mounts are refused with `ResourceExhausted`.
+    /// mounts are refused with `ResourceExhausted`. A quarter of `max_queued` by default:
+    /// four stalled namespaces fill the places to wait, never one.
     pub max_queued_per_namespace: usize,
     /// Bytes the decoded requests of the mounts in flight and waiting may hold at once
     /// ([`crate::RequestBytesLayer`]); a mount past it is refused with `ResourceExhausted`.
     pub max_request_bytes: usize,
-    /// Bytes the requests of one namespace's mounts in flight and waiting may hold at once.
+    /// A namespace's share of `max_request_bytes`: past it a namespace's requests hold more
+    /// only while this many bytes stay free for the other namespaces.
     pub max_request_bytes_per_namespace: usize,
     /// Deadline when the driver sends no `grpc-timeout`.
     pub default_deadline: Duration,
@@ -94,9 +96,9 @@ impl Default for MountLimits {
             // A storm of one namespace as large as the node's slots is served in full: 48
             // at once (all but a share), the other 16 as slots free up.
             max_queued: 64,
-            max_queued_per_namespace: 64,
+            max_queued_per_namespace: 16,
             max_request_bytes: 8 * 1024 * 1024,
-            max_request_bytes_per_namespace: 4 * 1024 * 1024,
+            max_request_bytes_per_namespace: 1024 * 1024,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(60),
             max_response_bytes: 4 * 1024 * 1024 - 64 * 1024,

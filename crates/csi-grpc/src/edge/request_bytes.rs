@@ -61,13 +61,14 @@ impl MountRequest {
 }
 
 /// Bounds the bytes held by the requests of the mounts in flight and waiting
-/// ([`MountRequest::held_bytes`]): at most `max_request_bytes` on the node and
-/// `max_request_bytes_per_namespace` for one namespace. A mount that would take either past
-/// its bound is refused at once with ResourceExhausted (waiting would not help: its request
-/// is already held) and told to the observer; the driver retries. Placed outside
-/// [`crate::AdmissionLayer`], so that the mounts waiting for a slot are counted.
+/// ([`MountRequest::held_bytes`]): at most `max_request_bytes` on the node, and past
+/// `max_request_bytes_per_namespace` a namespace takes more only while that share stays free
+/// for the other namespaces. A mount that would take either past its bound is refused at
+/// once with ResourceExhausted (waiting would not help: its request is already held) and
+/// told to the observer; the driver retries. Placed outside [`crate::AdmissionLayer`], so
+/// that the mounts waiting for a slot are counted.
 ///
-/// A driver's request is a few KiB: the defaults (8 MiB, 4 MiB a namespace) refuse nothing
+/// A driver's request is a few KiB: the defaults (8 MiB, a share of 1 MiB) refuse nothing
 /// but classes of hundreds of KiB mounted by many pods at once.
 ///
 /// The count is shared by every service this layer makes (and their clones): build the
@@ -134,13 +135,23 @@ impl Held {
                 state.total, self.max
             ));
         }
-        if of_namespace.saturating_add(bytes) > self.max_per_namespace {
+        // Past its share a namespace still takes bytes while a share stays free for the
+        // others (the byte budget's rule): no two namespaces fill the node.
+        let past_share = of_namespace.saturating_add(bytes) > self.max_per_namespace;
+        let leaves_a_share = state
+            .total
+            .saturating_add(bytes)
+            .saturating_add(self.max_per_namespace)
+            <= self.max;
+        if past_share && !leaves_a_share {
             let quoted = bounded::quote(namespace);
             return Err(format!(
                 "this mount's request holds {bytes} bytes and the requests of namespace \
-                 {quoted} in flight and waiting on this node hold {of_namespace} of {} \
-                 (server.max_request_bytes_per_namespace); the driver will retry",
-                self.max_per_namespace
+                 {quoted} in flight and waiting on this node hold {of_namespace}, past its \
+                 share of {} (server.max_request_bytes_per_namespace), while other namespaces \
+                 may need the {} bytes left; the driver will retry",
+                self.max_per_namespace,
+                self.max - state.total
             ));
         }
         state.total += bytes;

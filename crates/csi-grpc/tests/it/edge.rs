@@ -683,3 +683,41 @@ async fn a_refusal_quotes_a_long_namespace_escaped_and_cut() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_namespace_past_its_request_bytes_share_leaves_a_share_for_the_others() {
+    let one = padded("a", 100_000).held_bytes();
+    let limits = MountLimits {
+        max_request_bytes: 8 * one,
+        max_request_bytes_per_namespace: 2 * one,
+        ..MountLimits::default()
+    };
+    let layer = RequestBytesLayer::new(&limits);
+    let (inner, mut handle) = below();
+    let mut service = layer.layer(inner);
+    // Namespace a goes past its share while a share stays free: six, not two (a hard cap)
+    // nor eight (the whole node).
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(call_holding(&mut service, "a").await);
+        let _at_the_mock = next(&mut handle).await;
+    }
+    assert_eq!(layer.held(), 6 * one);
+    let refused = call_holding(&mut service, "a").await.await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::ResourceExhausted);
+    assert!(
+        refused.message().contains(&format!(
+            "past its share of {} (server.max_request_bytes_per_namespace), while other \
+             namespaces may need the {} bytes left",
+            2 * one,
+            2 * one
+        )),
+        "{refused:?}"
+    );
+    // The share it left is another namespace's, up to that namespace's own share.
+    for _ in 0..2 {
+        held.push(call_holding(&mut service, "b").await);
+        let _at_the_mock = next(&mut handle).await;
+    }
+    assert_eq!(layer.held(), 8 * one);
+}
