@@ -302,13 +302,17 @@ fn edge(
     limits: csi_grpc::MountLimits,
     metrics: &Arc<Metrics>,
 ) -> csi_grpc::CsiProvider<Edge> {
+    let request_bytes = RequestBytesLayer::new(&limits).with_observer(metrics.clone());
+    let decoding = request_bytes.decoding();
     let edge = ServiceBuilder::new()
-        .layer(RequestBytesLayer::new(&limits).with_observer(metrics.clone()))
+        .layer(request_bytes)
         .layer(AdmissionLayer::new(&limits).with_observer(metrics.clone()))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)
         .service(mount);
-    csi_grpc::CsiProvider::new(edge, server_info(), limits).with_observer(metrics.clone())
+    csi_grpc::CsiProvider::new(edge, server_info(), limits)
+        .with_observer(metrics.clone())
+        .with_decoding(decoding)
 }
 
 /// `--remove-node-taint`: the node's startup taint, removed through the transport with the

@@ -46,8 +46,8 @@ pub mod proto {
 }
 
 pub use edge::{
-    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, RequestBytes,
-    RequestBytesLayer, WithinDeadline,
+    Admission, AdmissionLayer, CatchPanic, CatchPanicLayer, DeadlineLayer, DecodingBytes,
+    DecodingBytesLayer, RequestBytes, RequestBytesLayer, WithinDeadline,
 };
 pub use error::{ErrorKind, MountError};
 pub use listener::{BindError, Endpoint, EndpointParseError, Listener};

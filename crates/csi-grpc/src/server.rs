@@ -180,18 +180,30 @@ pub struct CsiProvider<S> {
     info: Arc<ServerInfo>,
     limits: Arc<MountLimits>,
     observer: Option<Arc<dyn MountObserver>>,
+    decoding: crate::DecodingBytesLayer,
 }
 
 impl<S> CsiProvider<S> {
     /// Serves `inner` with `info` for `Version`, and the deadlines and response size of
     /// `limits` for every mount (its slots and queues are [`crate::AdmissionLayer`]'s).
     pub fn new(inner: S, info: ServerInfo, limits: MountLimits) -> Self {
+        let decoding = crate::RequestBytesLayer::new(&limits).decoding();
         Self {
             inner,
             info: Arc::new(info),
             limits: Arc::new(limits),
             observer: None,
+            decoding,
         }
+    }
+
+    /// Counts the bodies of requests being decoded with `layer` (made by the
+    /// [`crate::RequestBytesLayer`] of the stack under this service, so one bound holds the
+    /// requests being read and those decoded); by default a count of its own, within
+    /// `max_request_bytes`.
+    pub fn with_decoding(mut self, layer: crate::DecodingBytesLayer) -> Self {
+        self.decoding = layer;
+        self
     }
 
     /// Reports every mount to `observer`.
@@ -455,7 +467,11 @@ where
     // The server stops accepting as soon as `signal` resolves; `stop_tx` is dropped (which
     // resolves `stop_rx`) right away so graceful draining starts immediately.
     drop(stop_tx);
-    let router = tonic::transport::Server::builder().add_service(provider.into_service());
+    // Request bodies are counted as they arrive, before tonic decodes them.
+    let decoding = provider.decoding.clone();
+    let router = tonic::transport::Server::builder()
+        .layer(decoding)
+        .add_service(provider.into_service());
     let listener_uids = listener.allowed_peer_uids;
     let (result, socket) = match listener.kind {
         ListenerKind::Unix {

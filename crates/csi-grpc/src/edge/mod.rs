@@ -13,7 +13,7 @@ mod request_bytes;
 pub use admission::{Admission, AdmissionLayer};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
 pub use deadline::{DeadlineLayer, WithinDeadline};
-pub use request_bytes::{RequestBytes, RequestBytesLayer};
+pub use request_bytes::{DecodingBytes, DecodingBytesLayer, RequestBytes, RequestBytesLayer};
 
 /// A mount refused at once with ResourceExhausted and `message` (the driver retries).
 fn exhausted(message: String) -> BoxMount {

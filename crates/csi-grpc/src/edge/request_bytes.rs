@@ -116,6 +116,123 @@ impl RequestBytesLayer {
     pub fn held(&self) -> usize {
         self.held.lock().total
     }
+
+    /// The layer of the HTTP requests under the gRPC server: it counts each request's body
+    /// as it arrives, against this layer's node bound, until it is decoded (see
+    /// [`DecodingBytesLayer`]).
+    pub fn decoding(&self) -> DecodingBytesLayer {
+        DecodingBytesLayer {
+            held: self.held.clone(),
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+/// Bounds the bytes of requests before tonic decodes them: each HTTP/2 request's body is
+/// counted frame by frame against `server.max_request_bytes` (the bound
+/// [`RequestBytesLayer`] holds the decoded requests to, shared with it) and given back when
+/// the body is dropped, once decoded. A body that would pass it ends with
+/// `ResourceExhausted` at once, so no number of streams on one connection (HTTP/2 allows
+/// hundreds, each up to [`crate::MAX_REQUEST_BYTES`]) is buffered past the node's bound.
+#[derive(Clone, Debug)]
+pub struct DecodingBytesLayer {
+    held: Arc<Held>,
+    observer: Option<Arc<dyn MountObserver>>,
+}
+
+impl<S> Layer<S> for DecodingBytesLayer {
+    type Service = DecodingBytes<S>;
+
+    fn layer(&self, inner: S) -> DecodingBytes<S> {
+        DecodingBytes {
+            inner,
+            held: self.held.clone(),
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+/// The service of [`DecodingBytesLayer`].
+#[derive(Clone, Debug)]
+pub struct DecodingBytes<S> {
+    inner: S,
+    held: Arc<Held>,
+    observer: Option<Arc<dyn MountObserver>>,
+}
+
+impl<S> Service<http::Request<tonic::body::Body>> for DecodingBytes<S>
+where
+    S: Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> S::Future {
+        let (parts, body) = request.into_parts();
+        let counted = Counted {
+            body,
+            held: self.held.clone(),
+            observer: self.observer.clone(),
+            taken: 0,
+        };
+        self.inner.call(http::Request::from_parts(
+            parts,
+            tonic::body::Body::new(counted),
+        ))
+    }
+}
+
+/// A request body whose data frames are counted as they arrive.
+struct Counted {
+    body: tonic::body::Body,
+    held: Arc<Held>,
+    observer: Option<Arc<dyn MountObserver>>,
+    taken: usize,
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        let frame = match std::pin::Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        if let Some(data) = frame.data_ref() {
+            if let Err(message) = this.held.grow(data.len()) {
+                if let Some(observer) = &this.observer {
+                    observer.mount_shed_for_request_bytes();
+                }
+                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(message))));
+            }
+            this.taken += data.len();
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.held.shrink(self.taken);
+    }
 }
 
 impl Held {
@@ -161,6 +278,28 @@ impl Held {
             namespace: namespace.to_owned(),
             bytes,
         })
+    }
+}
+
+impl Held {
+    /// Counts `bytes` more of a request still being decoded (its namespace is not known
+    /// yet: the node's bound alone), or says it would pass it.
+    fn grow(&self, bytes: usize) -> Result<(), String> {
+        let mut state = self.lock();
+        if state.total.saturating_add(bytes) > self.max {
+            return Err(format!(
+                "the requests of the mounts in flight, waiting and being read on this node \
+                 hold {} of {} bytes (server.max_request_bytes); the driver will retry",
+                state.total, self.max
+            ));
+        }
+        state.total += bytes;
+        Ok(())
+    }
+
+    fn shrink(&self, bytes: usize) {
+        let mut state = self.lock();
+        state.total = state.total.saturating_sub(bytes);
     }
 }
 

@@ -421,6 +421,63 @@ async fn mounts_beyond_the_in_flight_bound_are_resource_exhausted() {
     server.stop().await;
 }
 
+/// Twenty requests of 900 KB on one connection while the node holds 2 MiB of requests:
+/// the bodies are counted as they arrive, before tonic decodes them, so the streams past the
+/// bound end with ResourceExhausted without being buffered whole, and serving goes on.
+#[tokio::test]
+async fn request_bodies_past_the_nodes_bytes_are_refused_while_they_are_read() {
+    let (service, mut entered_rx, gate) = gated(|_| true);
+    let limits = MountLimits {
+        max_request_bytes: 2 << 20,
+        max_request_bytes_per_namespace: 2 << 20,
+        ..MountLimits::default()
+    };
+    let server = start(service, limits, Duration::from_secs(1));
+    let client = connect(&server.path).await;
+    let large = "v".repeat(900_000);
+    let mounts: Vec<_> = (0..20)
+        .map(|_| {
+            let (mut client, large) = (client.clone(), large.clone());
+            tokio::spawn(async move { client.mount(driver_request(json!({ "pad": large }))).await })
+        })
+        .collect();
+    // At most two fit: they reach the service and wait there; the others end.
+    entered_rx.recv().await.unwrap();
+    for _ in 0..200 {
+        if mounts.iter().filter(|m| m.is_finished()).count() >= 18 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (finished, waiting): (Vec<_>, Vec<_>) = mounts.into_iter().partition(|m| m.is_finished());
+    let mut refused = Vec::new();
+    for mount in finished {
+        refused.push(mount.await.unwrap().unwrap_err());
+    }
+    assert!(waiting.len() <= 2, "{} reached the service", waiting.len());
+    assert!(refused.len() >= 18, "{}", refused.len());
+    assert!(
+        refused.iter().all(|s| s.code() == Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|s| s.message().contains("waiting and being read on this node")),
+        "some were refused while read, before decoding: {refused:?}"
+    );
+    gate.send_replace(true);
+    for mount in waiting {
+        mount.await.unwrap().unwrap();
+    }
+    client
+        .clone()
+        .mount(driver_request(json!({})))
+        .await
+        .unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_stalled_namespace_leaves_its_share_of_slots_to_the_others() {
     // Namespace a's mounts hang. Alone it may take six of eight slots (all but one share

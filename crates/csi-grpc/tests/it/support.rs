@@ -78,13 +78,15 @@ where
     let listener = Listener::bind(&Endpoint::Unix(path.to_owned()), 0o600).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     // The layers every mount passes, as the binary composes them.
+    let request_bytes = RequestBytesLayer::new(&limits);
+    let decoding = request_bytes.decoding();
     let edge = tower::ServiceBuilder::new()
-        .layer(RequestBytesLayer::new(&limits))
+        .layer(request_bytes)
         .layer(AdmissionLayer::new(&limits))
         .layer(DeadlineLayer)
         .layer(CatchPanicLayer)
         .service(inner);
-    let provider = CsiProvider::new(edge, info, limits);
+    let provider = CsiProvider::new(edge, info, limits).with_decoding(decoding);
     let done = tokio::spawn(async move {
         serve(
             listener,

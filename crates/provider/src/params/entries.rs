@@ -54,16 +54,7 @@ pub(super) fn check_secrets(
     let mut selections = Vec::new();
     let mut templates = Vec::new();
     let mut files = FileNames::default();
-    let template_entries = raw.iter().filter(|item| item.template.is_some()).count();
-    if template_entries > crate::template::MAX_TEMPLATES {
-        // Their renders share one mount's work, but each is parsed and checked first.
-        problems.note(ParamError::new(format!(
-            "{RETRIEVE_PREFIX}: parameter \"secrets\" has {template_entries} template entries; \
-             a class may have at most {}",
-            crate::template::MAX_TEMPLATES
-        )));
-    }
-
+    check_template_count(&raw, problems);
     for (index, item) in raw.into_iter().enumerate() {
         if item.template.is_some() {
             if let Some(spec) = check_template(index, &item, problems) {
@@ -124,6 +115,19 @@ pub(super) fn check_secrets(
         certificates,
         selections,
         templates,
+    }
+}
+
+/// At most [`crate::template::MAX_TEMPLATES`] template entries: their renders share one
+/// mount's work, but each is parsed and checked first.
+fn check_template_count(raw: &[RawSecret], problems: &mut Problems) {
+    let templates = raw.iter().filter(|item| item.template.is_some()).count();
+    if templates > crate::template::MAX_TEMPLATES {
+        problems.note(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: parameter \"secrets\" has {templates} template entries; a \
+             class may have at most {}",
+            crate::template::MAX_TEMPLATES
+        )));
     }
 }
 

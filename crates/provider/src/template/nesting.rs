@@ -54,25 +54,7 @@ pub(crate) fn too_deep(source: &str) -> Option<Span> {
             }
             Token::Ident(word) if tag.block && tag.first => {
                 tag.first = false;
-                match *word {
-                    "if" | "for" | "with" | "filter" | "autoescape" | "macro" | "call"
-                    | "block" => {
-                        blocks.push(1);
-                        block_depth += 1;
-                    }
-                    "set" => tag.block_set = true,
-                    "elif" => {
-                        // An `elif` is an `if` inside the one before it.
-                        if let Some(top) = blocks.last_mut() {
-                            *top += 1;
-                            block_depth += 1;
-                        }
-                    }
-                    w if w.starts_with("end") => {
-                        block_depth -= blocks.pop().unwrap_or(0);
-                    }
-                    _ => {}
-                }
+                block_depth = open_or_close(&mut blocks, &mut tag, word, block_depth);
             }
             Token::BracketOpen | Token::ParenOpen | Token::BraceOpen => {
                 // The subscript, call or literal is a node of the level it stands in, and
@@ -103,6 +85,31 @@ pub(crate) fn too_deep(source: &str) -> Option<Span> {
         }
     }
     None
+}
+
+/// The blocks open after a tag named by `word`: `if`, `for`, ... open one, an `elif` nests
+/// in the `if` before it, an `end…` closes one (with its `elif`s); answers the depth of the
+/// open blocks.
+fn open_or_close(blocks: &mut Vec<usize>, tag: &mut Tag, word: &str, depth: usize) -> usize {
+    match word {
+        "if" | "for" | "with" | "filter" | "autoescape" | "macro" | "call" | "block" => {
+            blocks.push(1);
+            depth + 1
+        }
+        "set" => {
+            tag.block_set = true;
+            depth
+        }
+        "elif" => match blocks.last_mut() {
+            Some(top) => {
+                *top += 1;
+                depth + 1
+            }
+            None => depth,
+        },
+        w if w.starts_with("end") => depth - blocks.pop().unwrap_or(0),
+        _ => depth,
+    }
 }
 
 /// What the scan knows of the tag it is in.
