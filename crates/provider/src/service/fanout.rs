@@ -3,6 +3,9 @@
 //! the byte budget, the running total stopping the mount as soon as it passes its size
 //! limit, and the first permanent failure cancelling the rest.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
 use bounded::quote;
 use csi_grpc::{FilePath, MountError};
 use futures_util::StreamExt;
@@ -96,8 +99,13 @@ fn start_secrets<'a, V: SecretsService, C, L: ListingService>(
             Box::pin(entry.instrument(span)) as Running<'a>
         }));
     }
-    let room = run.config.max_files.saturating_sub(static_files(params));
+    // The files the selections may write, all of them together: each takes what it selects
+    // before it fetches, so a mount's fetches stay within `max_files`.
+    let room = Arc::new(AtomicUsize::new(
+        run.config.max_files.saturating_sub(static_files(params)),
+    ));
     for spec in &params.selections {
+        let room = room.clone();
         pending.push(Box::new(move || {
             let span = tracing::info_span!(
                 "select secrets",
@@ -112,7 +120,7 @@ fn start_secrets<'a, V: SecretsService, C, L: ListingService>(
             let services = (secrets.clone(), listings.clone());
             let recorded = span.clone();
             let entry = async move {
-                selection_entry(run, services, spec, (targets, room), &recorded).await
+                selection_entry(run, services, spec, (targets, &room), &recorded).await
             };
             Box::pin(entry.instrument(span)) as Running<'a>
         }));

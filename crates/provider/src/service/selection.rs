@@ -4,6 +4,8 @@
 //! files the mount may still write, then each selected secret read as a `name` entry, at
 //! once, each under its own fan-out permit and through the byte budget.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use bounded::quote;
 use csi_grpc::{ErrorKind, MountError};
 use futures_util::FutureExt as _;
@@ -13,13 +15,14 @@ use super::entries::{EntryOutcome, MountRun, gather_parts, list, secret_entry, s
 use super::targets::Targets;
 use crate::params::{SecretSource, SecretSpec, SelectionSpec, Stage, VersionSelector};
 
-/// One selection entry, listing at most `room` secrets (the files the mount may write
-/// besides its other entries'); what happened goes into `span`.
+/// One selection entry, taking what it selects from `room` (the files the mount's
+/// selections may still write besides its other entries') before it fetches anything; what
+/// happened goes into `span`.
 pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
     run: &MountRun<'_>,
     (secrets, listings): (V, L),
     spec: &SelectionSpec,
-    (targets, room): (&Targets, usize),
+    (targets, room): (&Targets, &AtomicUsize),
     span: &tracing::Span,
 ) -> EntryOutcome {
     let index = spec.index;
@@ -59,8 +62,11 @@ pub(super) async fn selection_entry<V: SecretsService, L: ListingService>(
         .iter()
         .filter(|secret| spec.filter.matches(&secret.name, &secret.tags))
         .collect();
-    if selected.len() > room {
-        return EntryOutcome::Stop(too_many(run, spec, room));
+    let taken = room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+        left.checked_sub(selected.len())
+    });
+    if let Err(left) = taken {
+        return EntryOutcome::Stop(too_many(run, spec, left));
     }
     if selected.is_empty() {
         // As a `name` entry whose secret does not exist: most likely a mistyped tag.

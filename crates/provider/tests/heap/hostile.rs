@@ -216,3 +216,85 @@ pub fn hostile_list() -> impl Strategy<Value = HostileList> {
             },
         )
 }
+
+/// Hostile templates over the files `doc` (a hostile document), `same` (its copy) and
+/// `list` (a long list): nesting at the bound and past it, documents compared deep in
+/// loops, loops in loops, filter chains, `json` reads in loops. Each is at most the 16 KiB a
+/// template may be.
+pub fn template() -> impl Strategy<Value = String> {
+    let nested = (1..60usize, 0..6usize).prop_map(|(depth, shape)| {
+        let (open, core, close) = [
+            ("- ", "1", ""),
+            ("not ", "true", ""),
+            ("", "text('doc')", " | trim"),
+            ("(", "json('doc')", ")"),
+            ("{% if true %}", "{{ text('doc') | length }}", "{% endif %}"),
+            ("{% for x in json('list') %}", "{{ x }}", "{% endfor %}"),
+        ][shape];
+        let body = format!("{}{core}{}", open.repeat(depth), close.repeat(depth));
+        if shape < 4 {
+            format!("{{{{ {body} }}}}")
+        } else {
+            body
+        }
+    });
+    let compares = (1..4usize).prop_map(|loops| {
+        let open = "{% for i in json('list') %}".repeat(loops);
+        let close = "{% endfor %}".repeat(loops);
+        format!(
+            "{open}{{% if json('doc') == json('same') or json('doc') in json('list') %}}.{{% endif %}}{close}"
+        )
+    });
+    let loops = (1..5usize).prop_map(|depth| {
+        format!(
+            "{}{{{{ json('doc') | tojson | length }}}}{}",
+            "{% for a in json('list') %}".repeat(depth),
+            "{% endfor %}".repeat(depth)
+        )
+    });
+    let filters = prop_oneof![
+        Just("{% for x in json('list') %}{{ json('doc') | join(',') | length }}{% endfor %}"),
+        Just("{% for x in json('list') %}{{ text('doc') | b64encode | length }}{% endfor %}"),
+        Just("{% for x in json('list') %}{{ base64('doc') | b64decode | length }}{% endfor %}"),
+        Just("{% for k, v in json('doc') | items %}{{ k }}={{ v | tojson }}{% endfor %}"),
+        Just(
+            "{% for x in json('list') %}{{ json('doc') | last | tojson | urlencode }}{% endfor %}"
+        ),
+    ]
+    .prop_map(str::to_owned);
+    prop_oneof![nested, compares, loops, filters]
+}
+
+/// A class of `selections` tag and prefix entries and `histories` version histories of
+/// `versions` versions each, over one vault: what listings and their fetches cost.
+#[derive(Clone, Debug)]
+pub struct Listings {
+    pub selections: usize,
+    pub histories: usize,
+    pub versions: usize,
+}
+
+impl Listings {
+    pub fn render(&self) -> String {
+        let mut secrets = String::new();
+        for i in 0..self.selections {
+            match i % 3 {
+                0 => secrets.push_str(&format!("- tag: team=t{}\n  directory: sel{i}\n", i % 4)),
+                1 => secrets.push_str(&format!("- namePrefix: s{}\n  directory: sel{i}\n", i % 10)),
+                _ => secrets.push_str(&format!("- tag: team\n  directory: sel{i}\n")),
+            }
+        }
+        for i in 0..self.histories {
+            secrets.push_str(&format!("- name: h{i}\n  versions: {}\n", self.versions));
+        }
+        secrets
+    }
+}
+
+pub fn listings() -> impl Strategy<Value = Listings> {
+    (0..12usize, 0..12usize, 1..11usize).prop_map(|(selections, histories, versions)| Listings {
+        selections,
+        histories,
+        versions,
+    })
+}

@@ -1,14 +1,19 @@
-//! A mount's memory, measured: a counting global allocator records the peak bytes allocated
-//! while one mount runs, and hostile documents (anchors and aliases nested and across keys
-//! and values, merge keys, deep nesting, thousands of keys, long scalars, JSON of the same
-//! shapes, certificate bundles and keys) must keep it within
+//! A mount's cost, measured in every resource: a counting global allocator records the peak
+//! bytes allocated while one mount runs, and hostile inputs (anchors and aliases nested and
+//! across keys and values, merge keys, deep nesting, thousands of keys, long scalars, JSON of
+//! the same shapes, certificate bundles and keys, templates nested, comparing, looping and
+//! filtering, selections and version histories) must keep it within
 //!
 //! `peak ≤ K × (request bytes + fetched bytes) + C`
 //!
-//! with [`K`] and [`C`] the figures of ARCHITECTURE.md's memory model. The sources: the
-//! `secrets` parameter (through the wire translation and the mount service), the user
-//! principal's Kubernetes Secret, a secret's content read with `keys`, and certificate
-//! material. `cargo xtask fuzz` runs these properties with many more cases.
+//! with [`K`] and [`C`] the figures of ARCHITECTURE.md's cost model; and every mount runs on
+//! threads of [`STACK`] bytes (a recursion past it aborts the test binary), its CPU time is
+//! at most [`CPU`], and its upstream calls (fetches and listing pages) at most [`CALLS`]. The
+//! sources: the `secrets` parameter (through the wire translation and the mount service), the
+//! user principal's Kubernetes Secret, a secret's content read with `keys`, certificate
+//! material, templates, selections, version histories. `cargo xtask fuzz` runs these
+//! properties with many more cases. A new parser or entry kind adds its generator here, and
+//! is then metered on every resource.
 //!
 //! The allocator counts every thread of this process, so the measurements take one lock and
 //! build their inputs inside it: nothing else of this binary allocates while one runs.
@@ -17,6 +22,7 @@
 #[path = "../it/fakes.rs"]
 mod fakes;
 mod hostile;
+mod listings;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,7 +32,7 @@ use csi_grpc::MountRequest;
 use futures_util::future::BoxFuture;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use tower::ServiceExt;
+use tower::{Layer as _, ServiceExt};
 
 use fakes::{Auth, Behaviour, Vault};
 
@@ -38,6 +44,17 @@ pub const K: usize = 48;
 /// Bytes allocated at the peak whatever the mount reads (the runtime's task, the mount's
 /// bookkeeping, the identity, spans).
 pub const C: usize = 512 * 1024;
+/// The stack of every thread a measured mount runs on (its runtime's and its blocking
+/// pool's): half a tokio worker's 2 MiB. In this debug build the YAML parser's generic code
+/// takes ~10 KiB a level of nesting (its 32 levels fit); a release build a fraction of it.
+pub const STACK: usize = 1024 * 1024;
+/// The CPU time one measured mount may take, in this (debug) build: generous (a release
+/// build is ~20x faster; ARCHITECTURE.md gives the release figures), but a mount whose work
+/// grows past its input (the deep comparisons of a review took minutes) passes it by far.
+pub const CPU: std::time::Duration = std::time::Duration::from_secs(3);
+/// The upstream calls one mount may make when nothing fails: one fetch per file it may write
+/// (`server.max_files_per_mount`) and the listing pages of `MountContext::max_listing_pages`.
+pub const CALLS: usize = 256 + vault::MAX_PAGES as usize;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -49,12 +66,14 @@ fn peak_while<R>(f: impl FnOnce() -> R) -> (R, usize) {
     (result, HEAP.peak_usage().saturating_sub(before))
 }
 
-/// One measurement: what the mount read, and its peak.
+/// One measurement: what the mount read, its peak heap, its CPU time and its upstream calls.
 #[derive(Debug)]
 struct Measured {
     request: usize,
     fetched: usize,
     peak: usize,
+    cpu: std::time::Duration,
+    calls: usize,
 }
 
 impl Measured {
@@ -65,13 +84,21 @@ impl Measured {
     fn check(&self, what: &str) -> Result<(), TestCaseError> {
         if std::env::var_os("HEAP_REPORT").is_some() {
             eprintln!(
-                "heap {what}: request {} fetched {} peak {} ({:.1} per byte read)",
+                "heap {what}: request {} fetched {} peak {} ({:.1} per byte read) cpu {:?} calls {}",
                 self.request,
                 self.fetched,
                 self.peak,
-                self.peak as f64 / (self.request + self.fetched).max(1) as f64
+                self.peak as f64 / (self.request + self.fetched).max(1) as f64,
+                self.cpu,
+                self.calls
             );
         }
+        prop_assert!(self.cpu <= CPU, "{what}: {:?} of CPU > {CPU:?}", self.cpu);
+        prop_assert!(
+            self.calls <= CALLS,
+            "{what}: {} upstream calls > {CALLS}",
+            self.calls
+        );
         prop_assert!(
             self.peak <= self.bound(),
             "{what}: peak {} bytes > {K} x ({} + {}) + {C} = {}",
@@ -88,8 +115,27 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
+        .thread_stack_size(STACK)
         .build()
         .unwrap()
+}
+
+/// The CPU time this process has used.
+fn cpu_now() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Runs `f` on a thread of [`STACK`] bytes.
+fn on_small_stack<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .stack_size(STACK)
+            .spawn_scoped(scope, f)
+            .expect("a thread")
+            .join()
+            .expect("the measured mount panicked")
+    })
 }
 
 /// The driver's request for a class with `secrets` (and `extra` parameters), as JSON on
@@ -127,10 +173,35 @@ fn measure_mount<C>(
 ) -> Measured
 where
     oci_csi_provider::Budget<C>: oci_csi_provider::CertificateService,
+    C: Send,
 {
-    let rt = runtime();
+    measure_with_listings(
+        wire,
+        vault,
+        certificates,
+        fetched,
+        listings::Pages::default(),
+    )
+}
+
+/// [`measure_mount`] with `pages` answering the mount's listings.
+fn measure_with_listings<C>(
+    wire: csi_grpc::proto::MountRequest,
+    vault: Vault,
+    certificates: C,
+    fetched: usize,
+    pages: listings::Pages,
+) -> Measured
+where
+    oci_csi_provider::Budget<C>: oci_csi_provider::CertificateService,
+    C: Send,
+{
     let request = wire.attributes.len();
-    // The binary's wiring: one budget for the fetches and the parses.
+    let requests = vault.requests.clone();
+    let behaviours = vault.behaviours.clone();
+    let listed = pages.served.clone();
+    let listed_bytes = pages.bytes.clone();
+    // The binary's wiring: one budget for the fetches, the listings and the parses.
     let budget = oci_csi_provider::ByteBudget::new(64 << 20);
     let service = fakes::mount(
         Auth::default(),
@@ -138,33 +209,73 @@ where
         certificates,
         oci_csi_provider::MountContext {
             byte_budget: Some(budget.clone()),
+            endpoints: Arc::new(vaults_too()),
             ..fakes::config()
         },
-        Some(budget),
+        Some(budget.clone()),
+    )
+    .with_listings(
+        oci_csi_provider::BudgetLayer::new(Some(budget), fakes::RESERVE)
+            .layer(vault::ListerLayer.layer(pages)),
     );
+    let started = cpu_now();
     let (_, peak) = peak_while(|| {
-        rt.block_on(async {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-            let Ok(request) = MountRequest::from_proto(wire, deadline) else {
-                return;
-            };
-            let answer = service.oneshot(request).await;
-            // `HEAP_REPORT=1 cargo nextest run -p oci-csi-provider --test heap --no-capture`
-            // prints what each case measured and how the mount ended.
-            if std::env::var_os("HEAP_REPORT").is_some() {
-                let ended = answer
-                    .as_ref()
-                    .map(|r| format!("{} files", r.files.len()))
-                    .unwrap_or_else(|e| e.message().chars().take(160).collect());
-                eprintln!("mount: {ended}");
-            }
+        on_small_stack(move || {
+            let rt = runtime();
+            rt.block_on(async {
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+                let Ok(request) = MountRequest::from_proto(wire, deadline) else {
+                    return;
+                };
+                let answer = service.oneshot(request).await;
+                // `HEAP_REPORT=1 cargo nextest run -p oci-csi-provider --test heap
+                // --no-capture` prints what each case measured and how the mount ended.
+                if std::env::var_os("HEAP_REPORT").is_some() {
+                    let ended = answer
+                        .as_ref()
+                        .map(|r| format!("{} files", r.files.len()))
+                        .unwrap_or_else(|e| e.message().chars().take(160).collect());
+                    eprintln!("mount: {ended}");
+                }
+            })
         })
     });
+    let cpu = cpu_now().saturating_sub(started);
+    let requests = requests.lock().unwrap();
+    let calls = requests.len() + listed.load(std::sync::atomic::Ordering::SeqCst);
+    // What the fake vault answered by default (a secret's name as its content) and the
+    // listings' pages are read too; the caller counted the content it configured.
+    let behaviours = behaviours.lock().unwrap();
+    let default_bundles: usize = requests
+        .iter()
+        .filter_map(|r| match &r.secret {
+            vault::SecretRef::ByName { name, .. } if !behaviours.contains_key(name) => {
+                Some(name.len())
+            }
+            vault::SecretRef::ById { secret_id } if !behaviours.contains_key(secret_id) => {
+                Some(secret_id.len())
+            }
+            _ => None,
+        })
+        .sum();
     Measured {
         request,
-        fetched,
+        fetched: fetched + default_bundles + listed_bytes.load(std::sync::atomic::Ordering::SeqCst),
         peak,
+        cpu,
+        calls,
     }
+}
+
+/// The tests' endpoints, with the Vault API's too (for listings).
+fn vaults_too() -> oci_csi_provider::Endpoints {
+    let overrides = oci_csi_provider::EndpointOverrides {
+        secrets: Some("https://secrets.example".into()),
+        certificates: Some("https://certificates.example".into()),
+        vaults: Some("https://vaults.example".into()),
+        ..oci_csi_provider::EndpointOverrides::default()
+    };
+    oci_csi_provider::Endpoints::new(regions::Regions::default(), None, overrides).unwrap()
 }
 
 fn runner(cases: u32) -> TestRunner {
@@ -317,27 +428,37 @@ fn the_reviews_nested_anchor_secret_stays_within_the_bound() {
 #[test]
 fn fuzz_templates_peak_heap_is_bounded_by_what_the_mount_reads() {
     let templates = prop_oneof![
-        Just("{% for x in json('doc') %}{{ x }}{% endfor %}"),
-        Just("{{ json('doc') | tojson }}"),
-        Just("{{ text('doc') | b64encode }}"),
-        Just("{% for k, v in json('doc') | items %}{{ k }}={{ v | tojson }}\n{% endfor %}"),
-        Just("{{ json('doc') | join(',') }}"),
-        Just("{% for a in json('doc') %}{% for b in json('doc') %}{{ b }}{% endfor %}{% endfor %}"),
+        Just("{% for x in json('doc') %}{{ x }}{% endfor %}".to_owned()),
+        Just("{{ json('doc') | tojson }}".to_owned()),
+        Just("{{ text('doc') | b64encode }}".to_owned()),
+        Just(
+            "{% for k, v in json('doc') | items %}{{ k }}={{ v | tojson }}\n{% endfor %}"
+                .to_owned()
+        ),
+        Just("{{ json('doc') | join(',') }}".to_owned()),
+        Just(
+            "{% for a in json('doc') %}{% for b in json('doc') %}{{ b }}{% endfor %}{% endfor %}"
+                .to_owned()
+        ),
+        hostile::template(),
     ];
-    run(48, (templates, hostile::shape()), |(template, shape)| {
+    run(64, (templates, hostile::shape()), |(template, shape)| {
         let content = shape.render(60 * 1024).into_bytes();
-        let fetched = content.len();
-        let vault = Vault::default().with(
-            "doc",
-            Behaviour::Bundle {
-                content,
-                secret_id: "ocid1.vaultsecret.oc1..doc".into(),
-                version: 1,
-            },
-        );
+        let list = format!("[{}]", vec!["0"; 4000].join(",")).into_bytes();
+        let fetched = 2 * content.len() + list.len();
+        let bundle = |content: Vec<u8>, name: &str| Behaviour::Bundle {
+            content,
+            secret_id: format!("ocid1.vaultsecret.oc1..{name}"),
+            version: 1,
+        };
+        let vault = Vault::default()
+            .with("doc", bundle(content.clone(), "doc"))
+            .with("same", bundle(content, "same"))
+            .with("list", bundle(list, "list"));
         let secrets = format!(
-            "- name: doc\n  writeFile: false\n- fileName: out\n  template: {}\n",
-            serde_json::to_string(template).unwrap()
+            "- name: doc\n  writeFile: false\n- name: same\n  writeFile: false\n\
+             - name: list\n  writeFile: false\n- fileName: out\n  template: {}\n",
+            serde_json::to_string(&template).unwrap()
         );
         let m = measure_mount(
             wire_request(&secrets, &[]),
@@ -347,6 +468,36 @@ fn fuzz_templates_peak_heap_is_bounded_by_what_the_mount_reads() {
         );
         m.check("template")
     });
+}
+
+// ---------------------------------------------------------------------------------------
+// Selections and version histories: listings and the fetches they start.
+
+#[test]
+fn fuzz_selections_and_version_histories_cost_is_bounded_in_every_resource() {
+    let vaults = (0..2_000usize, 1..60u64);
+    run(
+        32,
+        (hostile::listings(), vaults),
+        |(class, (secrets, versions))| {
+            let pages = listings::Pages {
+                secrets,
+                versions,
+                ..listings::Pages::default()
+            };
+            let m = measure_with_listings(
+                wire_request(
+                    &class.render(),
+                    &[("compartmentId", "ocid1.compartment.oc1..c")],
+                ),
+                Vault::default(),
+                oci_csi_provider::NoCertificates,
+                0,
+                pages,
+            );
+            m.check("selections and version histories")
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -387,11 +538,15 @@ fn fuzz_the_user_secret_peak_heap_is_bounded_by_what_the_mount_reads() {
     ];
     run(32, (config, 0..200_000usize), |(config, junk)| {
         let body = user_secret_body(&config, key.as_bytes(), junk);
-        let (_, peak) = peak_while(|| auth::load_user_secret_for_tests(&body));
+        let started = cpu_now();
+        let (_, peak) =
+            peak_while(|| on_small_stack(|| auth::load_user_secret_for_tests(&body).is_ok()));
         Measured {
             request: 0,
             fetched: body.len(),
             peak,
+            cpu: cpu_now().saturating_sub(started),
+            calls: 0,
         }
         .check("user secret")
     });

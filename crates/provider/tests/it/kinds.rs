@@ -483,6 +483,30 @@ async fn ten_selections_of_one_vault_make_one_listings_pages() {
 }
 
 #[tokio::test]
+async fn a_mounts_selections_share_the_files_it_may_write_before_they_fetch() {
+    let config = MountContext {
+        max_files: 4,
+        ..MountContext::default()
+    };
+    let stack = stack(seed(seven()), config).await;
+    // Three and three: each fits the four files alone, not together.
+    let err = stack
+        .mount("- tag: team=payments\n  directory: pay\n- namePrefix: app-\n  directory: app\n")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(
+        err.message().contains("selects more than 1 secrets"),
+        "{err}"
+    );
+    let (_, fetches, _) = stack.calls();
+    assert!(
+        fetches <= 3,
+        "the selection refused fetched nothing: {fetches}"
+    );
+}
+
+#[tokio::test]
 async fn a_mounts_listing_pages_are_capped_over_all_its_entries() {
     let config = MountContext {
         max_listing_pages: 3,
