@@ -3,10 +3,14 @@
 //! fired at once, and the provider's peak resident memory (`VmHWM`) is read before and
 //! after, with the outcome of each mount.
 //!
-//! The cases are the review's findings of issue 35:
+//! The cases are the reviews' findings:
 //! - `aliases`: the `secrets` parameter, one scalar anchored once and aliased from every
 //!   field of 256 entries (`--scalar` characters; the review used 14 000, ~97 KB);
-//! - `keys`: a 15 KB secret of nested anchors mounted with `keys: [{key: a}]`.
+//! - `keys`: a 15 KB secret of nested anchors mounted with `keys: [{key: a}]`;
+//! - `compares`: `--templates` template entries each comparing two 24 KB documents of
+//!   nested lists in a loop over a list of 4000 (the review's class had ~250; a class may
+//!   now hold 32). Also measured: the provider's CPU time during the mounts, and in the
+//!   second after they were answered (a render that outlives its mount shows there).
 //!
 //! `--provider-bin` runs another build (an older release) for a "before" figure.
 
@@ -18,13 +22,14 @@ use serde_json::json;
 
 use crate::procs::{Emulator, PROVIDER_BIN, Provider, build, build_emulator, mount_request, root};
 
-const HELP: &str = "usage: cargo xtask hostile [--case aliases|keys] [--mounts N] [--scalar C]
-                           [--provider-bin PATH] [--debug]
+const HELP: &str = "usage: cargo xtask hostile [--case aliases|keys|compares] [--mounts N]
+                           [--scalar C] [--templates T] [--provider-bin PATH] [--debug]
 
-  --case aliases|keys  which document (default: both, one provider each)
+  --case aliases|keys|compares  which input (default: all, one provider each)
   --mounts N           mounts fired at once (default 8; the review used 8 for aliases and 16
                        for keys)
   --scalar C           characters of the aliased scalar (default 14000)
+  --templates T        template entries of the compares class (default 32)
   --provider-bin PATH  the provider binary to run (default: this workspace's build)
   --debug              use debug builds (default: release)
 ";
@@ -33,15 +38,17 @@ struct Options {
     cases: Vec<String>,
     mounts: usize,
     scalar: usize,
+    templates: usize,
     provider_bin: Option<PathBuf>,
     release: bool,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
     let mut o = Options {
-        cases: vec!["aliases".into(), "keys".into()],
+        cases: vec!["aliases".into(), "keys".into(), "compares".into()],
         mounts: 8,
         scalar: 14_000,
+        templates: 32,
         provider_bin: None,
         release: true,
     };
@@ -55,13 +62,14 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         match arg.as_str() {
             "--case" => {
                 let case = value("--case")?;
-                if case != "aliases" && case != "keys" {
-                    bail!("--case is aliases or keys, not {case:?}");
+                if !["aliases", "keys", "compares"].contains(&case.as_str()) {
+                    bail!("--case is aliases, keys or compares, not {case:?}");
                 }
                 o.cases = vec![case];
             }
             "--mounts" => o.mounts = value("--mounts")?.parse::<usize>()?.max(1),
             "--scalar" => o.scalar = value("--scalar")?.parse()?,
+            "--templates" => o.templates = value("--templates")?.parse::<usize>()?.max(1),
             "--provider-bin" => o.provider_bin = Some(value("--provider-bin")?.into()),
             "--debug" => o.release = false,
             "-h" | "--help" => {
@@ -130,20 +138,54 @@ fn aliased_list(scalar: usize) -> String {
     yaml
 }
 
-fn seed(content: &str) -> String {
-    let content = toml_string(content);
-    format!(
-        "region = \"us-ashburn-1\"\nworkload_tenancy = \"ocid1.tenancy.oc1..hostile\"\n\
+/// The emulator's seed: the vault and its secrets, `(name, content)`.
+fn seed(secrets: &[(&str, &str)]) -> String {
+    let mut seed = "region = \"us-ashburn-1\"\nworkload_tenancy = \"ocid1.tenancy.oc1..hostile\"\n\
          [[vaults]]\nid = \"ocid1.vault.oc1.iad.hostile\"\n\
          [instance]\ntenancy = \"ocid1.tenancy.oc1..hostileinstance\"\n\
          instance_id = \"ocid1.instance.oc1.iad.hostile\"\n\
-         [[secrets]]\nid = \"ocid1.vaultsecret.oc1.iad.nested\"\nname = \"nested\"\n\
-         vault_id = \"ocid1.vault.oc1.iad.hostile\"\n\
-         [[secrets.versions]]\nnumber = 1\nstages = [\"CURRENT\", \"LATEST\"]\n\
-         content = {{ text = {content} }}\n\
-         [secrets.access]\nworkloads = [{{ namespace = \"hostile\", service_account = \"web\" }}]\n\
          [[service_accounts]]\nnamespace = \"hostile\"\nname = \"web\"\n"
-    )
+        .to_owned();
+    for (name, content) in secrets {
+        let content = toml_string(content);
+        seed.push_str(&format!(
+            "[[secrets]]\nid = \"ocid1.vaultsecret.oc1.iad.{name}\"\nname = \"{name}\"\n\
+             vault_id = \"ocid1.vault.oc1.iad.hostile\"\n\
+             [[secrets.versions]]\nnumber = 1\nstages = [\"CURRENT\", \"LATEST\"]\n\
+             content = {{ text = {content} }}\n\
+             [secrets.access]\nworkloads = [{{ namespace = \"hostile\", service_account = \"web\" }}]\n"
+        ));
+    }
+    seed
+}
+
+/// Two documents of 24 KB of nested one-item lists and a list of 4000, and `templates`
+/// template entries comparing the documents in a loop over the list.
+fn compares(templates: usize) -> (Vec<(&'static str, String)>, String) {
+    let items: Vec<String> = (0..3400).map(|i| format!("[{}]", i % 10)).collect();
+    let doc = format!("{{\"k\": [{}]}}", items.join(","));
+    let list = format!("{{\"k\": [{}]}}", vec!["0"; 4000].join(","));
+    let mut secrets = "- name: a\n  writeFile: false\n- name: b\n  writeFile: false\n\
+                       - name: l\n  writeFile: false\n"
+        .to_owned();
+    for i in 0..templates {
+        secrets.push_str(&format!(
+            "- fileName: out{i}\n  template: \"{{% for i in json('l').k %}}{{% if json('a').k == \
+             json('b').k %}}{{% endif %}}{{% endfor %}}\"\n"
+        ));
+    }
+    (vec![("a", doc.clone()), ("b", doc), ("l", list)], secrets)
+}
+
+/// The CPU time the process `pid` has used (user and system), from `/proc`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces, in parentheses).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// A TOML basic string of `text`.
@@ -175,18 +217,25 @@ async fn measure(
     let dir = root().join("target").join("hostile").join(case);
     std::fs::create_dir_all(&dir)?;
     let content = nested_anchors(15 * 1024);
+    let (seeded, secrets) = match case {
+        "aliases" => (vec![], aliased_list(options.scalar)),
+        "compares" => compares(options.templates),
+        _ => (
+            vec![("nested", content.clone())],
+            "- name: nested\n  keys: [{key: a}]\n".to_owned(),
+        ),
+    };
+    let seeded: Vec<(&str, &str)> = seeded.iter().map(|(n, c)| (*n, c.as_str())).collect();
     let seed_path = dir.join("seed.toml");
-    std::fs::write(&seed_path, seed(&content))?;
+    std::fs::write(&seed_path, seed(&seeded))?;
     let emulator = Emulator::start(emulator_dir, &seed_path, &dir.join("emulator")).await?;
     let env = [("OCI_PROVIDER_LOG__LEVEL", "error")];
     let provider = Provider::start_binary(provider_bin, &emulator.config, &dir, &env).await?;
     let pid = provider.pid().context("the provider has no pid")?;
-    let secrets = match case {
-        "aliases" => aliased_list(options.scalar),
-        _ => "- name: nested\n  keys: [{key: a}]\n".to_owned(),
-    };
     let client = csi_grpc::client::connect_unix(&provider.socket).await?;
     let before = peak_rss_kib(pid);
+    let cpu_before = cpu_seconds(pid);
+    let started = std::time::Instant::now();
     let mut mounts = Vec::new();
     for pod in 0..options.mounts {
         let mut client = client.clone();
@@ -201,7 +250,10 @@ async fn measure(
             "csi.storage.k8s.io/serviceAccount.name": "web",
         });
         mounts.push(tokio::spawn(async move {
-            match client.mount(mount_request(attributes)).await {
+            // The driver's deadline.
+            let mut request = tonic::Request::new(mount_request(attributes));
+            request.set_timeout(std::time::Duration::from_secs(20));
+            match client.mount(request).await {
                 Ok(_) => "OK".to_owned(),
                 Err(status) => format!("{:?}", status.code()),
             }
@@ -211,7 +263,17 @@ async fn measure(
     for mount in mounts {
         *outcomes.entry(mount.await?).or_default() += 1;
     }
+    let answered = started.elapsed();
+    let cpu_answered = cpu_seconds(pid);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let cpu_idle = cpu_seconds(pid) - cpu_answered;
     let after = peak_rss_kib(pid);
+    println!(
+        "hostile {case}: answered in {answered:.2?}; provider CPU {:.2} s during the mounts \
+         ({:.3} s a mount), {cpu_idle:.2} s in the second after",
+        cpu_answered - cpu_before,
+        (cpu_answered - cpu_before) / options.mounts as f64
+    );
     println!(
         "hostile {case}: {} concurrent mounts ({} bytes of secrets parameter{}), provider {}\n  \
          outcomes {outcomes:?}\n  peak RSS {:.1} MiB before the mounts, {:.1} MiB after",
