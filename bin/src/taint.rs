@@ -81,7 +81,9 @@ pub(crate) async fn remove_when_ready(
                     "forbidden" => tracing::error!(
                         %node, taint = %key, %error, retry_in = ?backoff,
                         "cannot remove the startup taint: the provider's service account may not get or patch \
-                         nodes (grant it, e.g. the chart's provider.removeNodeTaint); the provider keeps serving"
+                         nodes (grant it, e.g. the chart's provider.removeNodeTaint), or the chart's \
+                         admission policy refused the change (its token must name this node: the error \
+                         says which); the provider keeps serving"
                     ),
                     "conflict" => tracing::info!(
                         %node, taint = %key, %error, retry_in = ?backoff,

@@ -149,7 +149,7 @@ fn register_node_taint(registry: &mut Registry) -> (Family<ResultLabel, Counter>
     registry.register(
         "node_taint_removal_attempts",
         "Attempts to remove the startup taint (--remove-node-taint) from this node, by result: \
-         removed, absent, forbidden (RBAC), conflict (the node changed meanwhile), error",
+         removed, absent, forbidden (RBAC or the admission policy), conflict (the node changed meanwhile), error",
         attempts.clone(),
     );
     let pending = Gauge::default();
