@@ -93,7 +93,7 @@ async fn call_version<IO>(stream: IO) -> Result<(), String>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    // Not an upstream client (invariant 1 is about those): plaintext HTTP/2 to the
+    // Not an upstream client (invariant 1, one transport per process, is about those): plaintext HTTP/2 to the
     // provider's own socket, one request, closed at once; xtask names this file.
     #[allow(clippy::disallowed_methods)] // reason: readiness dials our own socket
     let handshake =

@@ -442,7 +442,8 @@ mod tests {
             ["allow(clippy::", "disallowed_methods"].concat(),
             ["allow(clippy::", "disallowed_types"].concat(),
         ];
-        // The same lint guards the parsers (invariant 8): an allow elsewhere is for them only,
+        // The same lint guards the parsers (invariant 18, every parser under an explicit budget):
+        // an allow elsewhere is for them only,
         // and such a file names no client.
         let clients = [
             ["Client::", "builder"].concat(),
@@ -473,7 +474,7 @@ mod tests {
         );
     }
 
-    /// Invariant 8: every parser of tenant or upstream input runs under an explicit budget.
+    /// Invariant 18: every parser of tenant or upstream input runs under an explicit budget.
     /// clippy.toml refuses the parsers' entry points; only `crates/bounded` calls them (the
     /// emulator, xtask and tests parse their own input).
     #[test]

@@ -16,6 +16,8 @@ mod release;
 mod sizes;
 mod soak;
 mod storm;
+#[cfg(test)]
+mod tidy;
 
 use std::process::ExitCode;
 

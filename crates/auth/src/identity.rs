@@ -4,7 +4,8 @@ use std::fmt;
 ///
 /// Every credential (security token, user key) and every cached secret bundle is stored
 /// under the identity that obtained it, so that a value fetched for one identity is never
-/// served to another (invariant 3). The identity travels with each outgoing request in the
+/// served to another (invariant 5: a cached value is served only to the credential that
+/// fetched it). The identity travels with each outgoing request in the
 /// request's extensions, so the signing layer can pick the matching key.
 ///
 /// It holds names only, never credentials, so it is safe to log.

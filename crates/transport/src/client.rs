@@ -38,7 +38,8 @@ struct Inner {
 impl Transport {
     /// Builds the transport. Must be called within a Tokio runtime (the pool's idle timer
     /// runs on it).
-    // The one place in the workspace that builds an HTTP client (ARCHITECTURE.md, invariant 1).
+    // The one place in the workspace that builds an HTTP client: one transport per process
+    // (ARCHITECTURE.md, invariant 1).
     #[allow(clippy::disallowed_methods)] // reason: this crate is the transport
     pub fn new(config: TransportConfig) -> Result<Self, TransportBuildError> {
         let oci = tls::oci_roots(config.ssl_cert_file.as_deref(), &config.oci_ca_files)

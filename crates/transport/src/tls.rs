@@ -76,7 +76,8 @@ pub(crate) fn file_roots(file: &Path) -> Result<RootCertStore, TrustError> {
 }
 
 /// A client configuration on [`crate::crypto_provider`] offering HTTP/2 and HTTP/1.1 by ALPN.
-// The one place in the workspace that builds a TLS client configuration (ARCHITECTURE.md, invariant 1).
+// The one place in the workspace that builds a TLS client configuration: one transport per
+// process (ARCHITECTURE.md, invariant 1).
 #[allow(clippy::disallowed_methods)] // reason: this crate is the transport
 pub(crate) fn client_config(roots: RootCertStore) -> Result<Arc<ClientConfig>, TrustError> {
     let provider = Arc::new(crate::crypto_provider());
