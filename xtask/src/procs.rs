@@ -153,6 +153,8 @@ impl Provider {
         extra_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let socket = dir.join("oci.sock");
+        // A socket left by a run that was killed would pass for this provider's readiness.
+        let _ = std::fs::remove_file(&socket);
         let (healthz_port, metrics_port) = (free_port()?, free_port()?);
         let mut child = Command::new(binary)
             .arg("--config")

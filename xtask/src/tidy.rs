@@ -122,3 +122,48 @@ fn every_invariant_a_comment_cites_by_number_is_that_invariant_of_the_architectu
     assert!(checked >= 5, "the scan found {checked} citations");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The library crates (those published: all of `crates/` but `publish = false`), by package
+/// name, with their folder.
+fn library_crates() -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let manifest = std::fs::read_to_string(entry.path().join("Cargo.toml")).unwrap_or_default();
+        if manifest.contains("publish = false") {
+            continue;
+        }
+        let name = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .and_then(|n| n.strip_suffix('"'));
+        if let Some(name) = name {
+            out.push((name.to_owned(), entry.path()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_library_crate_is_tested_alone_in_ci_and_its_readme_example_is_a_doc_test() {
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    let alone = ci
+        .lines()
+        .find(|l| l.trim_start().starts_with("for crate in "))
+        .expect("the each-crate-alone loop of .ci/run");
+    let crates = library_crates();
+    assert!(crates.len() >= 10, "{crates:?}");
+    for (name, dir) in crates {
+        assert!(
+            alone
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(';') == name),
+            "{name} is missing from .ci/run's each-crate-alone loop"
+        );
+        let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
+        assert!(
+            lib.contains("include_str!(\"../README.md\")"),
+            "{name}'s README is not compiled as a doc test (include it under #[cfg(doctest)])"
+        );
+    }
+}

@@ -37,3 +37,8 @@ pub use budget::{MAX_KEY_LOOKAHEAD, ParseBudget};
 pub use error::{DETAIL_CHARS, Exceeded, ParseError};
 pub use quote::{QUOTE_CHARS, Quoted, quote};
 pub use text::BoundedString;
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
