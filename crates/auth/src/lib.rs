@@ -8,8 +8,8 @@
 //!   PKCS#8, OpenSSL's legacy encryption) plus encrypted PKCS#8, generates session keys,
 //!   and signs.
 //! - [`Identity`] is the key under which every credential and every cached value is stored;
-//!   [`Clock`] is the source of "now" for token expiry and the signed `date` header, which
-//!   tests replace with a [`ManualClock`].
+//!   a [`clock::Clock`] is the source of "now" for token expiry and the signed `date`
+//!   header, which tests replace with a [`clock::ManualClock`].
 //!
 //! - [`Principals`] is the façade over the three principals (user API key from a Kubernetes
 //!   Secret, instance principal, workload identity by OKE's proxymux or by an identity

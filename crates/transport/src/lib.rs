@@ -23,9 +23,10 @@
 //! `tower::Service<http::Request<Bytes>>` built of one layer per concern over the
 //! [`Exchange`] (outermost first): [`ObserveLayer`] (a span and the metrics per
 //! exchange), [`TimeoutLayer`] (the request timeout, or a request's [`Deadline`]),
-//! [`HostLimitLayer`] (requests in flight per host). [`Transport::service`] is that stack;
-//! a caller composing its own (the binary's wiring) takes [`Transport::exchange`]. Clones
-//! share the pool.
+//! [`HostLimitLayer`] (requests in flight per host). That stack is composed once, when the
+//! transport is built, and [`Transport::service`] hands out clones of it: the binary's wiring
+//! and the tests take it, nothing else stacks these layers ([`Transport::exchange`], the bare
+//! exchange, is for tests of a layer alone). Clones share the pool and the bounds.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod client;

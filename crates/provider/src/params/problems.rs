@@ -65,7 +65,7 @@ impl ParamError {
 
 impl fmt::Display for ParamError {
     /// One problem reads as it always did; several are numbered on one line (pod events
-    /// show one), the first [`PROBLEMS_IN_A_MESSAGE`] of them.
+    /// show one), the first `PROBLEMS_IN_A_MESSAGE` of them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.count() == 1 {
             return f.write_str(self.first());
