@@ -21,24 +21,24 @@
 
 mod backoff;
 mod bundle;
+mod cache_key;
 mod certificate;
 mod client;
 mod error;
 #[cfg(test)]
 mod fuzz;
-mod key;
 mod list;
 mod lister;
 mod request;
 mod retry;
-mod tls;
+mod tls_files;
 
 pub use backoff::{Backoff, BackoffHook, WithBackoff};
 pub use bundle::{MalformedBundle, SecretBundle, SecretContent};
+pub use cache_key::{Api, BundleKey, BundleType};
 pub use certificate::{CertificateBundle, CertificateRef, CertificateRequest};
 pub use client::{Attempt, Call, DEFAULT_USER_AGENT, VaultClient};
 pub use error::{ErrorChain, ErrorKind, OciError, Stopped, Subject, VaultError};
-pub use key::{Api, BundleKey, BundleType};
 pub use list::{
     ListKind, ListRequest, ListedSecret, MAX_PAGES, Page, PageRequest, Pages, SECRETS_PAGE_LIMIT,
     SecretFilter, TagFilter,
@@ -46,7 +46,7 @@ pub use list::{
 pub use lister::{ListKey, ListStop, Lister, ListerLayer, Listing};
 pub use request::{SecretRef, SecretRequest, Selector, Stage, UnknownStage};
 pub use retry::{Retries, Retry, RetryLayer, RetryPolicy, RetryReason};
-pub use tls::{TlsError, TlsFiles, unix};
+pub use tls_files::{TlsError, TlsFiles, unix};
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]
