@@ -129,7 +129,8 @@ pub(crate) fn build(
     let mtime = commit_time(root)?;
     let mut artefacts = Vec::new();
     for target in targets {
-        let status = Command::new(cargo())
+        let mut command = Command::new(cargo());
+        command
             .current_dir(root)
             .env("CARGO_TARGET_DIR", &target_dir)
             .args([
@@ -140,8 +141,9 @@ pub(crate) fn build(
                 BINARY,
                 "--target",
                 target,
-            ])
-            .status()?;
+            ]);
+        crate::reproducible::remap(&mut command, root, &target_dir);
+        let status = command.status()?;
         if !status.success() {
             bail!("cargo build --release --target {target} failed");
         }

@@ -12,6 +12,7 @@ mod image;
 mod plot;
 mod procs;
 mod release;
+mod reproducible;
 #[cfg(test)]
 mod sizes;
 mod soak;

@@ -50,8 +50,13 @@ fn cargo_build(release: bool, what: &[&str], features: &[&str]) -> anyhow::Resul
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut command = std::process::Command::new(cargo);
     command.current_dir(root()).arg("build").args(what);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
     if release {
         command.arg("--release");
+        // As every release build here: one set of flags, one build of the dependencies.
+        crate::reproducible::remap(&mut command, &root(), &target);
     }
     if !features.is_empty() {
         command.arg("--features").arg(
@@ -66,9 +71,6 @@ fn cargo_build(release: bool, what: &[&str], features: &[&str]) -> anyhow::Resul
     if !status.success() {
         bail!("cargo build failed");
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
     Ok(target.join(if release { "release" } else { "debug" }))
 }
 

@@ -28,12 +28,12 @@ pub(crate) const REPOSITORY: &str = "ghcr.io/oci-vault-csi/oci-secrets-store-csi
 pub(crate) fn lock_path(root: &Path, arch: &str) -> PathBuf {
     root.join(format!("xtask/image/debian-{arch}.lock"))
 }
-/// As the Dockerfile has it: root, for the socket in the hostPath directory (the chart
-/// drops every capability and makes the root filesystem read-only).
+/// Root, for the socket in the hostPath directory (the chart drops every capability and
+/// makes the root filesystem read-only).
 const USER: &str = "0:0";
 
 const USAGE: &str =
-    "usage: cargo xtask image [--binary PATH] [--out DIR] [--update-lock] [--run-test]
+    "usage: cargo xtask image [--binary PATH] [--out DIR] [--update-lock] [--reproduce] [--run-test]
 
 Writes the provider's OCI image for this machine's architecture into DIR (default
 target/image): layout/ (an OCI image layout, tagged with the workspace version) and
@@ -41,6 +41,9 @@ oci-secrets-store-csi-driver-provider-<version>.oci.tar (the same as an oci-arch
   --binary PATH   the release binary to package (default: `cargo build --release --locked`)
   --update-lock   take the archive's current Debian packages and rewrite
                   xtask/image/debian-<arch>.lock
+  --reproduce     build the commit again in a fresh `git worktree` elsewhere, with a target
+                  directory of its own, and check that the image has the same digest (the
+                  build paths are remapped: nothing of where it was built is in the binary)
   --run-test      build twice (one digest), check with skopeo, umoci and the image-spec
                   schemas, then run it under runc (as root): --version, /healthz, /readyz, a
                   Mount through the socket against the emulator, SIGTERM
@@ -54,6 +57,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let mut out = None;
     let mut mode = LockMode::Warn;
     let mut run_test = false;
+    let mut reproduce = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -67,6 +71,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             }
             "--update-lock" => mode = LockMode::Update,
             "--run-test" => run_test = true,
+            "--reproduce" => reproduce = true,
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -92,6 +97,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     };
     let built = build(&options)?;
     built.print();
+    if reproduce {
+        reproduce_elsewhere(&options, &built.digest)?;
+    }
     if run_test {
         let again = build(&Options {
             mode: if mode == LockMode::Update {
@@ -115,12 +123,56 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo build --release --locked` of the provider; its path.
+/// The image of this commit built again from a fresh `git worktree` in another directory
+/// with a target directory of its own: an independent rebuild must give `digest`.
+fn reproduce_elsewhere(options: &Options, digest: &str) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("oci-provider-rebuild-{}", std::process::id()));
+    let git = |args: &[&str]| -> anyhow::Result<()> {
+        let status = Command::new("git")
+            .current_dir(&options.root)
+            .args(args)
+            .status()
+            .context("cannot run git")?;
+        if !status.success() {
+            bail!("git {} failed", args.join(" "));
+        }
+        Ok(())
+    };
+    let path = dir.to_string_lossy().into_owned();
+    git(&["worktree", "add", "--detach", &path, "HEAD"])?;
+    let rebuilt = (|| {
+        let target_dir = dir.join("target");
+        let binary = build_release(&dir, &target_dir)?;
+        build(&Options {
+            root: dir.clone(),
+            binary,
+            out: target_dir.join("image"),
+            // The Debian packages are the lock's, checked by hash: the cache is shared.
+            ..options.clone()
+        })
+    })();
+    git(&["worktree", "remove", "--force", &path])?;
+    let rebuilt = rebuilt?;
+    println!("image: rebuilt in {}: {}", dir.display(), rebuilt.digest);
+    if rebuilt.digest != digest {
+        bail!(
+            "the same commit built in two directories gave two digests: {digest} here, {} in \
+             {}: compare the binaries (strings | grep the build paths)",
+            rebuilt.digest,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `cargo build --release --locked` of the provider, its build paths remapped; its path.
 fn build_release(root: &Path, target_dir: &Path) -> anyhow::Result<PathBuf> {
-    let status = Command::new(dist::cargo())
+    let mut command = Command::new(dist::cargo());
+    command
         .current_dir(root)
-        .args(["build", "--release", "--locked", "-p", BINARY])
-        .status()?;
+        .args(["build", "--release", "--locked", "-p", BINARY]);
+    crate::reproducible::remap(&mut command, root, target_dir);
+    let status = command.status()?;
     if !status.success() {
         bail!("cargo build --release failed");
     }
