@@ -1,184 +1,10 @@
 //! Certificate entries: fetched from the OCI Certificates service with the
 //! mount's identity and written as `tls.crt`, `ca.crt` and (asked for) `tls.key`.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Mutex;
-use std::task::{Context, Poll};
-use std::time::Duration;
-
 use csi_grpc::{File, FileContents, MountError, ObjectVersion};
-use tower::Service;
 
-use crate::budget::{Held, Metered, Refused};
+use crate::contract::CertificateExpiry;
 use crate::params::{CertificateKind, CertificateSpec, VersionSelector};
-
-/// What the mount service needs of the Certificates fetch service: a certificate entry's
-/// request in, within the mount's byte bounds ([`crate::BudgetLayer`] over the retried
-/// client), the bundle held in the budget out. Every such service implements it.
-pub trait CertificateService:
-    Service<
-        Metered<vault::CertificateRequest>,
-        Response = Held<vault::CertificateBundle>,
-        Error = Refused<vault::VaultError>,
-        Future = <Self as CertificateService>::CertificateFuture,
-    > + Clone
-    + Send
-    + Sync
-    + 'static
-{
-    /// The service's future.
-    type CertificateFuture: Future<Output = Result<Held<vault::CertificateBundle>, Refused<vault::VaultError>>>
-        + Send
-        + 'static;
-}
-
-impl<C> CertificateService for C
-where
-    C: Service<
-            Metered<vault::CertificateRequest>,
-            Response = Held<vault::CertificateBundle>,
-            Error = Refused<vault::VaultError>,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    C::Future: Send + 'static,
-{
-    type CertificateFuture = C::Future;
-}
-
-/// The Certificates client of a mount service that reads no certificates: certificate
-/// entries are refused (put the byte budget's layer over it like over a real client).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoCertificates;
-
-impl Service<vault::CertificateRequest> for NoCertificates {
-    type Response = vault::CertificateBundle;
-    type Error = vault::VaultError;
-    type Future =
-        Pin<Box<dyn Future<Output = Result<vault::CertificateBundle, vault::VaultError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), vault::VaultError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: vault::CertificateRequest) -> Self::Future {
-        let subject = Box::new(vault::Subject {
-            object: request.target.id().to_owned(),
-            principal: request.identity(),
-            grant: vault::Subject::CERTIFICATES_GRANT,
-        });
-        Box::pin(async move {
-            Err(vault::VaultError::InvalidRequest {
-                subject,
-                reason: "this provider has no Certificates client configured".into(),
-            })
-        })
-    }
-}
-
-/// The `notAfter` of each certificate mounted recently, for the expiry gauge: bounded to
-/// the certificates mounted within `keep` (the driver remounts on every rotation poll)
-/// and to `max` entries.
-#[derive(Debug)]
-pub struct CertificateExpiry {
-    /// OCID → (namespace that mounted it last, notAfter, when).
-    seen: Mutex<HashMap<String, Seen>>,
-    keep: Duration,
-    max: usize,
-}
-
-type Seen = (String, i64, tokio::time::Instant);
-
-/// A certificate mounted this close to its `notAfter` is logged at warn.
-const EXPIRY_WARNING_SECONDS: i64 = 14 * 86_400;
-
-impl Default for CertificateExpiry {
-    fn default() -> Self {
-        Self::new(Duration::from_secs(24 * 3600), 1024)
-    }
-}
-
-impl CertificateExpiry {
-    /// Entries kept `keep` after their last mount, at most `max` of them.
-    pub fn new(keep: Duration, max: usize) -> Self {
-        Self {
-            seen: Mutex::new(HashMap::new()),
-            keep,
-            max,
-        }
-    }
-
-    /// The entries, those not mounted within `keep` dropped.
-    fn fresh(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
-        let now = tokio::time::Instant::now();
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.retain(|_, (_, _, at)| now.duration_since(*at) < self.keep);
-        seen
-    }
-
-    fn record(&self, namespace: &str, id: &str, not_after: i64) {
-        // The operator's log names what the anonymous gauge cannot.
-        let left = not_after.saturating_sub(vault::unix(std::time::SystemTime::now()));
-        if left < EXPIRY_WARNING_SECONDS {
-            tracing::warn!(
-                namespace,
-                certificate = id,
-                not_after,
-                days_left = left / 86_400,
-                "a mounted certificate expires within 14 days (or has expired)"
-            );
-        }
-        let now = tokio::time::Instant::now();
-        let mut seen = self.fresh();
-        if !seen.contains_key(id) && seen.len() >= self.max {
-            // The least recently mounted makes room.
-            if let Some(oldest) = seen
-                .iter()
-                .min_by_key(|(_, (_, _, at))| *at)
-                .map(|(k, _)| k.clone())
-            {
-                seen.remove(&oldest);
-            }
-        }
-        seen.insert(id.to_owned(), (namespace.to_owned(), not_after, now));
-    }
-
-    /// (certificate OCID, `notAfter` in Unix seconds) of the certificates mounted lately.
-    pub fn snapshot(&self) -> Vec<(String, i64)> {
-        let seen = self.fresh();
-        let mut out: Vec<(String, i64)> =
-            seen.iter().map(|(k, (_, t, _))| (k.clone(), *t)).collect();
-        out.sort();
-        out
-    }
-
-    /// (namespace, certificate OCID, `notAfter`) of the certificates mounted lately.
-    pub fn entries(&self) -> Vec<(String, String, i64)> {
-        let seen = self.fresh();
-        let mut out: Vec<(String, String, i64)> = seen
-            .iter()
-            .map(|(id, (namespace, t, _))| (namespace.clone(), id.clone(), *t))
-            .collect();
-        out.sort();
-        out
-    }
-
-    /// The soonest `notAfter` of the certificates mounted lately: what the gauge publishes
-    /// by default, so that `/metrics`, which any pod that reaches the port can read, names
-    /// no tenant's namespace or certificate OCID.
-    pub fn soonest(&self) -> Option<i64> {
-        self.fresh()
-            .values()
-            .map(|(_, not_after, _)| *not_after)
-            .min()
-    }
-}
 
 /// The request of one entry.
 pub(crate) fn request(
@@ -242,10 +68,10 @@ pub(crate) async fn private_key(
         .await
         .map_err(|e| {
             MountError::new(
-                crate::service::grpc_kind(e.kind()),
+                crate::failure::grpc_kind(e.kind()),
                 format!(
                     "{what}: its private key cannot be decoded now: {}",
-                    crate::service::chain(&e)
+                    crate::failure::chain(&e)
                 ),
             )
         })?;
@@ -320,51 +146,13 @@ pub(crate) fn files(
 /// A failed fetch, with the entry and the IAM hint the vault error carries.
 pub(crate) fn fetch_error(spec: &CertificateSpec, err: &vault::VaultError) -> MountError {
     MountError::new(
-        crate::service::grpc_kind(err.kind()),
+        crate::failure::grpc_kind(err.kind()),
         format!(
             "unable to retrieve secrets[{}] ({} {}): {}",
             spec.index,
             spec.kind.field(),
             spec.id,
-            crate::service::chain(err)
+            crate::failure::chain(err)
         ),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn the_expiry_gauge_keeps_recent_certificates_only_and_at_most_max() {
-        let expiry = CertificateExpiry::new(Duration::from_secs(60), 2);
-        expiry.record("x", "a", 1);
-        tokio::time::advance(Duration::from_secs(10)).await;
-        expiry.record("x", "b", 2);
-        tokio::time::advance(Duration::from_secs(10)).await;
-        expiry.record("y", "c", 3);
-        assert_eq!(
-            expiry.snapshot(),
-            [("b".to_owned(), 2), ("c".to_owned(), 3)],
-            "the least recently mounted made room"
-        );
-        assert_eq!(expiry.soonest(), Some(2));
-        assert_eq!(
-            expiry.entries(),
-            [
-                ("x".to_owned(), "b".to_owned(), 2),
-                ("y".to_owned(), "c".to_owned(), 3)
-            ]
-        );
-        tokio::time::advance(Duration::from_secs(30)).await;
-        expiry.record("x", "b", 4);
-        tokio::time::advance(Duration::from_secs(35)).await;
-        assert_eq!(
-            expiry.snapshot(),
-            [("b".to_owned(), 4)],
-            "c was last mounted 65 s ago"
-        );
-        tokio::time::advance(Duration::from_secs(30)).await;
-        assert!(expiry.snapshot().is_empty());
-    }
 }

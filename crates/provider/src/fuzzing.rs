@@ -7,9 +7,10 @@ use std::sync::Arc;
 use csi_grpc::{FileMode, FilePath, MountError, MountResponse};
 
 use crate::budget::ByteBudget;
+use crate::contract::MountContext;
 use crate::extract::{Format, KeySpec};
 use crate::params::{Encoding, SecretSource, SecretSpec, VersionSelector};
-use crate::service::{MountContext, check_size, secret_files};
+use crate::service::{check_size, secret_files};
 
 /// The process byte budget the entry points reserve from: the default
 /// `server.max_in_flight_bytes`.

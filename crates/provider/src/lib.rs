@@ -9,31 +9,34 @@
 
 mod budget;
 mod certificates;
+mod contract;
 mod endpoints;
 mod extract;
-mod failover;
+mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
+mod layers;
 mod params;
 mod service;
 pub mod template;
 
-pub use budget::{
-    Budget, BudgetLayer, ByteBudget, Held, Metered, Refusal, Refused, Reservation, Weigh,
+pub use budget::{ByteBudget, Refusal, Reservation, Weigh};
+pub use contract::{
+    BundleResponse, CertificateExpiry, CertificateService, IdentityService, ListingResponse,
+    ListingService, MountContext, NoCertificates, NoListings, SecretsService,
 };
-pub use certificates::{CertificateExpiry, CertificateService, NoCertificates};
 pub use endpoints::{EndpointError, EndpointOverrides, Endpoints, RegionEndpoints};
 pub use extract::{Format, KeySpec};
-pub use failover::{Failover, FailoverLayer, RegionStats, ServedBy, WithFailover};
+pub use layers::{
+    Budget, BudgetLayer, Failover, FailoverLayer, Held, Metered, Refused, RegionStats, ServedBy,
+    WithFailover,
+};
 pub use params::{
     AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
     Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MAX_VERSIONS, MountParameters, ParamError,
     ParseLimits, SecretSource, SecretSpec, SelectionSpec, Stage, TemplateSpec, VersionSelector,
 };
-pub use service::{
-    BundleResponse, IdentityService, ListingResponse, ListingService, MountContext, NoListings,
-    OciMount, SecretsService,
-};
+pub use service::OciMount;
 
 /// The README's example, compiled as a doc test.
 #[cfg(doctest)]

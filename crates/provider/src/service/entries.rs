@@ -12,15 +12,16 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-use super::contract::{
-    BundleResponse, ListingResponse, ListingService, MountContext, SecretsService,
-};
-use super::failure::{Failure, chain, over_limit, refused_error, vault_kind};
 use super::files::secret_files;
 use super::targets::{Target, Targets};
-use crate::budget::{Metered, MountBytes, Refused, Reservation};
-use crate::certificates::CertificateService;
-use crate::failover::{ServedBy, WithFailover};
+use crate::budget::Reservation;
+use crate::contract::CertificateService;
+use crate::contract::{
+    BundleResponse, ListingResponse, ListingService, MountContext, SecretsService,
+};
+use crate::failure::{Failure, chain, over_limit, refused_error, vault_kind};
+use crate::layers::budget::{Metered, MountBytes, Refused};
+use crate::layers::failover::{ServedBy, WithFailover};
 use crate::params::{CertificateSpec, SecretSource, SecretSpec, VersionSelector};
 
 /// What every entry of one mount shares while it runs.
@@ -334,7 +335,10 @@ pub(super) async fn certificate_entry<C: CertificateService>(
         span.record("oci.request_id", id.as_str());
     }
     if over {
-        return EntryOutcome::Stop(over_limit(&run.mount, spec));
+        return EntryOutcome::Stop(over_limit(
+            &run.mount,
+            &format!("secrets[{}] {} {}", spec.index, spec.kind.field(), spec.id),
+        ));
     }
     let made = async {
         let key = crate::certificates::private_key(

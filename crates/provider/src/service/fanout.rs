@@ -13,16 +13,16 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
-use super::contract::{ListingService, SecretsService};
 use super::entries::{
     EntryFiles, EntryOutcome, EntryVersion, MountRun, certificate_entry, secret_entry,
     secret_requests,
 };
-use super::failure::{combine, too_large};
 use super::history::versions_entry;
 use super::selection::selection_entry;
 use super::targets::Targets;
-use crate::certificates::CertificateService;
+use crate::contract::CertificateService;
+use crate::contract::{ListingService, SecretsService};
+use crate::failure::{combine, too_large};
 use crate::params::MountParameters;
 
 /// An entry running.
@@ -225,7 +225,7 @@ async fn gather(
     drop(pending);
     if !failures.is_empty() {
         return Err(combine(
-            params,
+            params.secrets.len() + params.selections.len(),
             failures,
             abandoned,
             &established.identity(),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use bounded::quote;
 use csi_grpc::{ErrorKind, File, FileContents, FileMode, FilePath, MountError, ObjectVersion};
 
-use super::contract::MountContext;
+use crate::contract::MountContext;
 use crate::params::{Encoding, SecretSpec};
 
 /// A secret entry's files from its bundle: the whole secret (decoded), and its `keys`, each

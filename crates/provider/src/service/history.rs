@@ -7,13 +7,13 @@
 
 use futures_util::FutureExt as _;
 
-use super::contract::{ListingService, SecretsService};
 use super::entries::{
     EntryOutcome, MountRun, bundle_files, fetch_bundle, gather_parts, list, metered,
 };
 use super::targets::Targets;
-use crate::budget::Metered;
-use crate::failover::{ServedBy, WithFailover};
+use crate::contract::{ListingService, SecretsService};
+use crate::layers::budget::Metered;
+use crate::layers::failover::{ServedBy, WithFailover};
 use crate::params::SecretSpec;
 
 /// One `versions` entry; what happened goes into `span`.

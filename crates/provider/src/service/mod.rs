@@ -13,9 +13,7 @@ use csi_grpc::{Caller, ErrorKind, MountError, MountRequest, MountResponse};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
-mod contract;
 mod entries;
-mod failure;
 mod fanout;
 mod files;
 mod history;
@@ -23,19 +21,15 @@ mod selection;
 mod targets;
 mod templates;
 
-pub use contract::{
-    BundleResponse, IdentityService, ListingResponse, ListingService, MountContext, NoListings,
-    SecretsService,
-};
+use crate::contract::{IdentityService, ListingService, MountContext, NoListings, SecretsService};
+use crate::failure::auth_error;
 use entries::{EntryFiles, EntryVersion, MountRun};
-use failure::auth_error;
-pub(crate) use failure::{chain, grpc_kind};
 use files::{check_selected, object_versions};
 // `crate::fuzzing` makes a secret's files as a mount does.
 pub(crate) use files::{check_size, secret_files};
 use targets::endpoint_error;
 
-use crate::budget::MountBytes;
+use crate::layers::budget::MountBytes;
 use crate::params::{AuthSpec, MountParameters};
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
@@ -106,7 +100,7 @@ impl<A, V, C, L> OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
-    C: crate::certificates::CertificateService,
+    C: crate::contract::CertificateService,
     L: ListingService,
 {
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
@@ -283,7 +277,7 @@ impl<A, V, C, L> Service<MountRequest> for OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
-    C: crate::certificates::CertificateService,
+    C: crate::contract::CertificateService,
     L: ListingService,
 {
     type Response = MountResponse;

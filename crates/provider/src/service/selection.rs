@@ -10,9 +10,9 @@ use bounded::quote;
 use csi_grpc::{ErrorKind, MountError};
 use futures_util::FutureExt as _;
 
-use super::contract::{ListingService, SecretsService};
 use super::entries::{EntryOutcome, MountRun, gather_parts, list, secret_entry, secret_requests};
 use super::targets::Targets;
+use crate::contract::{ListingService, SecretsService};
 use crate::params::{SecretSource, SecretSpec, SelectionSpec, Stage, VersionSelector};
 
 /// One selection entry, taking what it selects from `room` (the files the mount's

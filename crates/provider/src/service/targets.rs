@@ -3,7 +3,7 @@
 
 use csi_grpc::{ErrorKind, MountError};
 
-use super::contract::MountContext;
+use crate::contract::MountContext;
 use crate::endpoints::RegionEndpoints;
 use crate::params::{AuthSpec, MountParameters};
 

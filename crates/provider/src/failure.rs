@@ -1,21 +1,20 @@
 //! What a failed mount says: one status by precedence, and a message that lists each
-//! failed entry with its cause, capped, most actionable first. A leaf module: the others
-//! report through it.
+//! failed entry with its cause, capped, most actionable first. A leaf module: the entries,
+//! the layers and the service report through it, it imports none of them.
 
 use csi_grpc::{ErrorKind, FilePath, MountError};
 
-use crate::budget::{MountBytes, Refused};
-use crate::params::MountParameters;
+use crate::layers::budget::{MountBytes, Refused};
 
 /// A secret that could not be read: its entry, how messages name it, and why.
-pub(super) struct Failure {
-    pub(super) index: usize,
-    pub(super) shown: String,
-    pub(super) error: vault::VaultError,
+pub(crate) struct Failure {
+    pub(crate) index: usize,
+    pub(crate) shown: String,
+    pub(crate) error: vault::VaultError,
 }
 
 /// A fetch that did not run within the bounds, or failed (`failed` names it).
-pub(super) fn refused_error(
+pub(crate) fn refused_error(
     refused: Refused<vault::VaultError>,
     failed: impl FnOnce(&vault::VaultError) -> MountError,
     mount: &MountBytes,
@@ -37,25 +36,23 @@ pub(super) fn refused_error(
     }
 }
 
-/// A certificate entry brought the mount past its size limit.
-pub(super) fn over_limit(mount: &MountBytes, spec: &crate::params::CertificateSpec) -> MountError {
+/// An entry (`shown`: `secrets[i] certificateId <ocid>`) brought the mount past its size
+/// limit.
+pub(crate) fn over_limit(mount: &MountBytes, shown: &str) -> MountError {
     MountError::new(
         ErrorKind::ResourceExhausted,
         format!(
             "the mounted files would take more than {} bytes (the driver refuses answers above \
-             4 MiB): {} bytes fetched so far, secrets[{}] {} {} the last",
+             4 MiB): {} bytes fetched so far, {shown} the last",
             mount.limit(),
             mount.total(),
-            spec.index,
-            spec.kind.field(),
-            spec.id
         ),
     )
 }
 
 /// The mount passed `max_total_bytes` while its secrets arrived: the sizes of those that
 /// did, `(entry, file, bytes)`, largest first.
-pub(super) fn too_large(
+pub(crate) fn too_large(
     fetched: &[(usize, FilePath, usize)],
     max_total_bytes: usize,
 ) -> MountError {
@@ -84,14 +81,14 @@ pub(super) fn too_large(
     )
 }
 
-pub(super) fn auth_error(err: auth::AuthError) -> MountError {
+pub(crate) fn auth_error(err: auth::AuthError) -> MountError {
     MountError::new(
         grpc_kind(err.kind()),
         format!("unable to establish the OCI identity: {}", chain(&err)),
     )
 }
 
-pub(super) fn vault_kind(err: &vault::VaultError) -> ErrorKind {
+pub(crate) fn vault_kind(err: &vault::VaultError) -> ErrorKind {
     grpc_kind(err.kind())
 }
 
@@ -112,7 +109,7 @@ pub(crate) fn grpc_kind(kind: auth::ErrorKind) -> ErrorKind {
 }
 
 /// Which code a mount with several failures answers: the one that most needs a person.
-pub(super) const PRECEDENCE: [ErrorKind; 8] = [
+pub(crate) const PRECEDENCE: [ErrorKind; 8] = [
     ErrorKind::InvalidArgument,
     ErrorKind::Unauthenticated,
     ErrorKind::PermissionDenied,
@@ -123,7 +120,7 @@ pub(super) const PRECEDENCE: [ErrorKind; 8] = [
     ErrorKind::Internal,
 ];
 
-pub(super) fn rank(kind: ErrorKind) -> usize {
+pub(crate) fn rank(kind: ErrorKind) -> usize {
     PRECEDENCE
         .iter()
         .position(|k| *k == kind)
@@ -136,13 +133,14 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
 }
 
 /// The longest failure message: it ends up in a pod event, and the driver logs it whole.
-pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// The secrets that failed, as one error: the most actionable status, each with its entry
-/// and cause (at most [`MAX_MESSAGE_BYTES`]); "n of m" counts entries (a version history
-/// or a selection is one, however many of its secrets failed).
-pub(super) fn combine(
-    params: &MountParameters,
+/// and cause (at most [`MAX_MESSAGE_BYTES`]); "n of m" counts entries (`of`: the entries
+/// that read secrets; a version history or a selection is one, however many of its secrets
+/// failed).
+pub(crate) fn combine(
+    of: usize,
     mut failures: Vec<Failure>,
     abandoned: usize,
     identity: &auth::Identity,
@@ -157,7 +155,7 @@ pub(super) fn combine(
     let mut message = format!(
         "unable to retrieve secrets as {identity}: {} of {} failed: ",
         entries.len(),
-        params.secrets.len() + params.selections.len(),
+        of,
     );
     let mut tail = String::new();
     if abandoned > 0 {
@@ -195,7 +193,7 @@ pub(super) fn combine(
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-pub(super) fn truncate_at_char(s: &str, max: usize) -> &str {
+pub(crate) fn truncate_at_char(s: &str, max: usize) -> &str {
     let mut end = max.min(s.len());
     while !s.is_char_boundary(end) {
         end -= 1;

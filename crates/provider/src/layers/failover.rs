@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use futures_util::future::BoxFuture;
 use tower::{Layer, Service, ServiceExt as _};
 
-use crate::budget::Refused;
+use crate::layers::budget::Refused;
 
 /// An entry's request to its primary region and, when the class and the entry name one,
 /// to its failover region (`id`, the region's id for logs).
@@ -117,7 +117,7 @@ where
                 (Err(Refused::Failed(err)), Some((region, again))) if fails_over(&err) => {
                     tracing::warn!(
                         %region,
-                        error = %crate::service::chain(&err),
+                        error = %crate::failure::chain(&err),
                         "the primary region failed; reading the failover region"
                     );
                     let answer = clone.oneshot(again).await;
