@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::{MountParameters, SecretSource, SecretSpec, SelectionSpec, VersionSelector};
+use provider::MountParameters;
 use serde_json::{Value, json};
 
 /// Validate SecretProviderClass manifests offline (no network access).
@@ -407,178 +407,33 @@ fn provider_policy(params: &MountParameters, allowed: &Allowed) -> Vec<String> {
     errors
 }
 
-/// The files a mount writes, in the list's order, secrets and certificates alike.
+/// The files a mount writes, in the list's order, every kind alike (each entry says what
+/// its files are: `provider::Entry::describe`).
 fn files_in_order(params: &MountParameters) -> Vec<Value> {
-    let mut files: Vec<(usize, Vec<Value>)> = params
-        .secrets
+    params
+        .entries
         .iter()
-        .map(|s| (s.index, describe(s)))
-        .chain(
-            params
-                .certificates
-                .iter()
-                .map(|c| (c.index, describe_certificate(c))),
-        )
-        .chain(
-            params
-                .templates
-                .iter()
-                .map(|t| (t.index, describe_template(t))),
-        )
-        .chain(
-            params
-                .selections
-                .iter()
-                .map(|s| (s.index, describe_selection(s))),
-        )
-        .collect();
-    files.sort_by_key(|(index, _)| *index);
-    files.into_iter().flat_map(|(_, f)| f).collect()
-}
-
-/// The file of a template entry, as `check` prints it: what it reads.
-fn describe_template(spec: &provider::TemplateSpec) -> Vec<Value> {
-    let mut reads: Vec<&str> = spec.reads.iter().map(|(f, _, _)| f.as_str()).collect();
-    reads.dedup();
-    let mode = match spec.mode {
-        Some(m) => Value::String(format!("{:04o}", m.get())),
-        None => Value::Null,
-    };
-    vec![json!({
-        "path": spec.path.as_str(),
-        "mode": mode,
-        "source": format!("template reading {}", reads.join(", ")),
-        "vault": "",
-        "selector": "",
-        "key": "",
-        "encoding": "utf-8",
-        "written": true,
-    })]
-}
-
-/// The files of a certificate entry, as `check` prints them.
-fn describe_certificate(spec: &provider::CertificateSpec) -> Vec<Value> {
-    let selector = match (&spec.kind, &spec.selector) {
-        (provider::CertificateKind::CaBundle, _) => String::new(),
-        (_, VersionSelector::Stage(stage)) => format!("stage {stage}"),
-        (_, VersionSelector::Number(n)) => format!("version {n}"),
-        (_, VersionSelector::Name(n)) => format!("version name {n:?}"),
-    };
-    let mode = match spec.mode {
-        Some(m) => Value::String(format!("{:04o}", m.get())),
-        None => Value::Null,
-    };
-    let unwritten = if spec.write {
-        ""
-    } else {
-        " (read by templates, not written)"
-    };
-    let file = |path: &csi_grpc::FilePath, what: &str| {
-        json!({
-            "path": path.as_str(),
-            "mode": mode,
-            "source": format!("{} {} ({what}){unwritten}", spec.kind.field(), spec.id),
-            "vault": "",
-            "selector": selector,
-            "key": "",
-            "encoding": "pem",
-            "written": spec.write,
+        .flat_map(provider::Entry::describe)
+        .map(|file| {
+            let mode = match file.mode {
+                Some(m) => Value::String(format!("{:04o}", m.get())),
+                // `null` in JSON: the driver's `permission` (0644 unless the CSI volume says).
+                None => Value::Null,
+            };
+            let mut line = json!({
+                "path": file.path,
+                "mode": mode,
+                "source": file.source,
+                "vault": file.vault,
+                "selector": file.selector,
+                "key": file.key,
+                "encoding": file.encoding,
+                "written": file.written,
+            });
+            if let Some(selection) = file.selection {
+                line["selection"] = Value::String(selection);
+            }
+            line
         })
-    };
-    let mut files = Vec::new();
-    if let Some(cert) = &spec.cert_path {
-        files.push(file(cert, "leaf and intermediates"));
-    }
-    files.push(file(&spec.chain_path, "CA chain"));
-    if let Some(key) = &spec.key_path {
-        files.push(file(key, "private key, PKCS#8"));
-    }
-    files
-}
-
-/// The files of a `tag` / `namePrefix` entry, known only once the vault is listed: one
-/// line for them all, saying what is selected, from where.
-fn describe_selection(spec: &SelectionSpec) -> Vec<Value> {
-    let mode = match spec.mode {
-        Some(m) => Value::String(format!("{:04o}", m.get())),
-        None => Value::Null,
-    };
-    let path = match &spec.directory {
-        Some(directory) => format!("{directory}/<each secret's name>"),
-        None => "<each secret's name>".to_owned(),
-    };
-    vec![json!({
-        "path": path,
-        "mode": mode,
-        "source": format!(
-            "every ACTIVE secret with {} (listed at mount time), compartment {}",
-            spec.describe(),
-            spec.compartment_id
-        ),
-        "vault": spec.vault_id,
-        "selector": "stage CURRENT",
-        "key": "",
-        "encoding": spec.encoding.as_str(),
-        "selection": spec.describe(),
-        "written": true,
-    })]
-}
-
-/// What the `k`th file of a version history holds.
-fn history_selector(k: usize) -> String {
-    match k {
-        0 => "the current version".to_owned(),
-        1 => "the version before the current".to_owned(),
-        k => format!("{k} versions before the current"),
-    }
-}
-
-/// The files one entry writes, as `check` prints them.
-fn describe(spec: &SecretSpec) -> Vec<Value> {
-    let (mut source, vault) = match &spec.source {
-        SecretSource::Name { name, vault_id } => (format!("secret {name:?}"), vault_id.clone()),
-        SecretSource::Id(id) => (format!("secret {id}"), String::new()),
-    };
-    if !spec.write {
-        source.push_str(" (read by templates, not written)");
-    }
-    let selector = match &spec.selector {
-        VersionSelector::Stage(stage) => format!("stage {stage}"),
-        VersionSelector::Number(n) => format!("version {n}"),
-        VersionSelector::Name(n) => format!("version name {n:?}"),
-    };
-    // `null` in JSON: the driver's `permission` (0644 unless the CSI volume says).
-    let mode = |m: Option<csi_grpc::FileMode>| match m {
-        Some(m) => Value::String(format!("{:04o}", m.get())),
-        None => Value::Null,
-    };
-    let file = |path: &str, mode: Value, key: &str| {
-        json!({
-            "path": path,
-            "mode": mode,
-            "source": source,
-            "vault": vault,
-            "selector": selector,
-            "key": key,
-            "encoding": spec.encoding.as_str(),
-            "written": spec.write,
-        })
-    };
-    let mut files = Vec::new();
-    for key in &spec.keys {
-        files.push(file(
-            key.path.as_str(),
-            mode(key.mode.or(spec.mode)),
-            &key.key,
-        ));
-    }
-    if spec.whole {
-        files.push(file(spec.path.as_str(), mode(spec.mode), ""));
-    }
-    for (k, path) in spec.history.iter().enumerate() {
-        let mut version = file(path.as_str(), mode(spec.mode), "");
-        version["selector"] = Value::String(history_selector(k));
-        files.push(version);
-    }
-    files
+        .collect()
 }

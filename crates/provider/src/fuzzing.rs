@@ -8,9 +8,11 @@ use csi_grpc::{FileMode, FilePath, MountError, MountResponse};
 
 use crate::budget::ByteBudget;
 use crate::contract::MountContext;
+use crate::entries::SecretSpec;
+use crate::entries::secret_files;
 use crate::extract::{Format, KeySpec};
-use crate::params::{Encoding, SecretSource, SecretSpec, VersionSelector};
-use crate::service::{check_size, secret_files};
+use crate::params::{Encoding, SecretSource, VersionSelector};
+use crate::service::check_size;
 
 /// The process byte budget the entry points reserve from: the default
 /// `server.max_in_flight_bytes`.

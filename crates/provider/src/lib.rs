@@ -8,9 +8,9 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
-mod certificates;
 mod contract;
 mod endpoints;
+mod entries;
 mod extract;
 mod failure;
 #[doc(hidden)]
@@ -26,15 +26,18 @@ pub use contract::{
     ListingService, MountContext, NoCertificates, NoListings, SecretsService,
 };
 pub use endpoints::{EndpointError, EndpointOverrides, Endpoints, RegionEndpoints};
+pub use entries::{
+    CertificateSpec, Entry, FileDescription, KINDS, SecretSpec, SelectionSpec, TemplateSpec,
+};
 pub use extract::{Format, KeySpec};
 pub use layers::{
     Budget, BudgetLayer, Failover, FailoverLayer, Held, Metered, Refused, RegionStats, ServedBy,
     WithFailover,
 };
 pub use params::{
-    AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MAX_PROBLEMS, MAX_SECRETS_BYTES, MAX_VERSIONS, MountParameters, ParamError,
-    ParseLimits, SecretSource, SecretSpec, SelectionSpec, Stage, TemplateSpec, VersionSelector,
+    AuthSpec, AuthType, CertificateKind, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS, Encoding,
+    MAX_PROBLEMS, MAX_SECRETS_BYTES, MAX_VERSIONS, MountParameters, ParamError, ParseLimits,
+    SecretSource, Stage, VersionSelector,
 };
 pub use service::OciMount;
 

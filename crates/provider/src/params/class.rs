@@ -34,7 +34,7 @@ const MAX_WARNINGS: usize = 8;
 /// `regoin`), naming the parameter meant. Never an error: the driver passes attributes of
 /// its own (`csi.storage.k8s.io/...`, `secretProviderClass`), and other providers' classes
 /// may hold parameters of theirs.
-pub(super) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<String> {
     attributes
         .keys()
         .filter(|k| {
@@ -53,7 +53,7 @@ pub(super) fn misspelt_parameters(attributes: &BTreeMap<String, String>) -> Vec<
         .collect()
 }
 
-pub(super) fn parse_auth(
+pub(crate) fn parse_auth(
     attributes: &BTreeMap<String, String>,
     pod: &Pod,
 ) -> Result<AuthSpec, ParamError> {
@@ -129,7 +129,7 @@ fn is_kubernetes_name(name: &str) -> bool {
 
 /// A region parameter as written: a region id or short code (`us-ashburn-1`, `iad`), never
 /// a host or URL; whether the provider knows it is checked when the mount resolves it.
-pub(super) fn parse_region(
+pub(crate) fn parse_region(
     attributes: &BTreeMap<String, String>,
     key: &str,
 ) -> Result<Option<String>, ParamError> {
@@ -151,7 +151,7 @@ pub(super) fn parse_region(
 }
 
 /// The class-level `vaultId`, when given; whether it is needed is decided per entry.
-pub(super) fn parse_vault_id(
+pub(crate) fn parse_vault_id(
     attributes: &BTreeMap<String, String>,
 ) -> Result<Option<String>, ParamError> {
     match attributes.get(VAULT_ID).map(String::as_str) {
@@ -162,7 +162,7 @@ pub(super) fn parse_vault_id(
 
 /// The class-level `compartmentId`, when given: the compartment `tag` and `namePrefix`
 /// entries list, unless they name their own.
-pub(super) fn parse_compartment_id(
+pub(crate) fn parse_compartment_id(
     attributes: &BTreeMap<String, String>,
 ) -> Result<Option<String>, ParamError> {
     match attributes.get(COMPARTMENT_ID).map(String::as_str) {
@@ -173,7 +173,7 @@ pub(super) fn parse_compartment_id(
 
 /// An OCID a user wrote: at most 255 characters, no surrounding spaces, and (for secret and
 /// vault OCIDs) of the right type, so a typo is named before any call.
-pub(super) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
+pub(crate) fn check_ocid(what: &str, id: &str, kind: &str) -> Result<String, ParamError> {
     if id.len() > MAX_OCI_PARAMETER_LEN || id.trim() != id || id.is_empty() {
         return Err(ParamError::new(format!(
             "{what} {} is not a {kind} OCID (at most {MAX_OCI_PARAMETER_LEN} characters, no \

@@ -8,7 +8,7 @@ use super::spec::{MAX_OCI_PARAMETER_LEN, Stage, VersionSelector};
 use super::yaml::{RawMode, RawSecret, RawVersion};
 
 /// `stage`, `versionNumber`, `versionName`: at most one (default stage `CURRENT`).
-pub(super) fn parse_selector(
+pub(crate) fn parse_selector(
     index: usize,
     item: &RawSecret,
     shown: &str,
@@ -66,7 +66,7 @@ pub(super) fn parse_selector(
     })
 }
 
-pub(super) fn parse_mode(
+pub(crate) fn parse_mode(
     index: usize,
     raw: Option<&RawMode>,
 ) -> Result<Option<csi_grpc::FileMode>, ParamError> {
@@ -102,7 +102,7 @@ pub(super) fn parse_mode(
 }
 
 /// A count from 1 to `max` (`versions`), written as an integer or a quoted integer.
-pub(super) fn parse_count(field: &str, raw: &RawVersion, max: usize) -> Result<usize, ParamError> {
+pub(crate) fn parse_count(field: &str, raw: &RawVersion, max: usize) -> Result<usize, ParamError> {
     let shown = match raw {
         RawVersion::Integer(n) => n.to_string(),
         RawVersion::Text(t) => quote(t).to_string(),

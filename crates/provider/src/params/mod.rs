@@ -1,39 +1,99 @@
 //! The SecretProviderClass parameters of an OCI mount: the YAML `secrets` list read within
-//! the mount's limits (`yaml`), the class-level attributes (`class`), and each entry checked
-//! into a [`SecretSpec`] (`secret`) or a [`CertificateSpec`] (`certificate`), with the
-//! checks both kinds share (`entries`).
+//! the mount's limits (`yaml`), the class-level attributes (`class`), the list as a whole
+//! (`list`: each entry checked by its kind in `crate::entries`, files claimed once), and
+//! what every kind's checks share (`fields`, `problems`, `spec`).
 
 use std::collections::BTreeMap;
 
 use csi_grpc::Pod;
 
-mod certificate;
-mod class;
-mod entries;
-mod fields;
-mod problems;
-mod secret;
-mod selection;
-mod spec;
-mod template;
-mod yaml;
+pub(crate) mod class;
+pub(crate) mod fields;
+mod list;
+pub(crate) mod problems;
+pub(crate) mod spec;
+pub(crate) mod yaml;
 
 pub(crate) use spec::PARSE_BYTES_PER_BYTE;
 pub use spec::{
-    AuthSpec, AuthType, CertificateKind, CertificateSpec, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS,
-    Encoding, MAX_VERSIONS, MountParameters, ParseLimits, SecretSource, SecretSpec, SelectionSpec,
-    Stage, TemplateSpec, VersionSelector,
+    AuthSpec, AuthType, CertificateKind, DEFAULT_MAX_FILES, DEFAULT_MAX_SECRETS, Encoding,
+    MAX_VERSIONS, ParseLimits, SecretSource, Stage, VersionSelector,
 };
 use spec::{FAILOVER_REGION, FAILOVER_VAULT_ID, REGION};
 
 use bounded::quote;
+
+use crate::entries::{CertificateSpec, Entry, SecretSpec, SelectionSpec, TemplateSpec};
 use class::{check_ocid, parse_auth, parse_compartment_id, parse_region, parse_vault_id};
-use entries::check_secrets;
 pub use problems::{MAX_PROBLEMS, ParamError};
 use problems::{Problems, RETRIEVE_PREFIX};
-use selection::ClassDefaults;
+use spec::ClassDefaults;
 pub use yaml::MAX_SECRETS_BYTES;
 use yaml::parse_secrets_yaml;
+
+/// The SecretProviderClass parameters of an OCI mount, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountParameters {
+    /// The entries of `secrets`, every kind, in the class's order.
+    pub entries: Vec<Entry>,
+    /// The class-level `vaultId`, if given (each `name` entry has its vault in its
+    /// [`SecretSource`]).
+    pub vault_id: Option<String>,
+    /// `authType` (and `authSecretName`).
+    pub auth: AuthSpec,
+    /// `region`: read from this region instead of the principal's.
+    pub region: Option<String>,
+    /// `failoverRegion`: where an entry is read when the primary region fails with a
+    /// connection error, 5xx, 429 after retries or a timeout.
+    pub failover_region: Option<String>,
+}
+
+impl MountParameters {
+    /// The secret entries (`name` or `secretId`, version histories included), in the
+    /// class's order.
+    pub fn secrets(&self) -> Vec<&SecretSpec> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Secret(s) | Entry::History(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The certificate entries, in the class's order.
+    pub fn certificates(&self) -> Vec<&CertificateSpec> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Certificate(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The `tag` / `namePrefix` entries, in the class's order.
+    pub fn selections(&self) -> Vec<&SelectionSpec> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Selection(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The template entries, in the class's order.
+    pub fn templates(&self) -> Vec<&TemplateSpec> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Template(t) => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+}
 
 /// The class's `failoverVaultId` (`None` when the parameter is itself a problem), and
 /// whether it and `failoverRegion` go together with `region`.
@@ -127,36 +187,24 @@ impl MountParameters {
             vault: class_vault,
             // A class compartment that is itself a problem stands as an empty one.
             compartment: compartment.as_ref().map_or(Some(""), Option::as_deref),
+            failover,
         };
-        let checked = raw.map(|raw| check_secrets(raw, class, failover, &mut problems));
-        if let Some(files) = checked.as_ref().map(entries::Checked::files)
+        let checked = raw.map(|raw| list::check_entries(raw, class, &mut problems));
+        if let Some(files) = checked.as_deref().map(list::files)
             && files > limits.max_files
         {
             problems.note(too_many_files(files, limits.max_files));
         }
         problems.finish()?;
-        let (
-            Some(entries::Checked {
-                secrets,
-                certificates,
-                selections,
-                templates,
-            }),
-            Some(auth),
-            Some(vault_id),
-            Some(region),
-            Some(failover_region),
-        ) = (checked, auth, vault_id, region, failover_region)
+        let (Some(entries), Some(auth), Some(vault_id), Some(region), Some(failover_region)) =
+            (checked, auth, vault_id, region, failover_region)
         else {
             return Err(ParamError::new(
                 "internal error: a parameter was neither checked nor refused",
             ));
         };
         Ok(Self {
-            secrets,
-            certificates,
-            selections,
-            templates,
+            entries,
             vault_id,
             auth,
             region,
@@ -175,10 +223,9 @@ fn too_many_files(files: usize, max: usize) -> ParamError {
 
 #[cfg(test)]
 mod tests {
-    use super::certificate::takes;
-    use super::selection::SELECTION_TAKES;
     use super::yaml::{Applies, EntryKind, RawSecret};
     use super::*;
+    use crate::entries::{SELECTION_TAKES, takes};
 
     /// An entry with every field `RawSecret` has.
     const EVERY_FIELD: &str = "name: n\nsecretId: s\nvaultId: v\nstage: CURRENT\n\

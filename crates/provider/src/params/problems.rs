@@ -8,9 +8,9 @@ use std::fmt;
 use csi_grpc::MountError;
 
 /// The Go provider's prefixes, kept so messages read the same to existing users.
-pub(super) const HANDLE_PREFIX: &str = "unable to handle SecretProviderClass secrets";
-pub(super) const UNMARSHAL_PREFIX: &str = "unable to handle SecretProviderClass secrets: failed to unmarshal SecretProviderClass parameter \"secrets\"";
-pub(super) const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
+pub(crate) const HANDLE_PREFIX: &str = "unable to handle SecretProviderClass secrets";
+pub(crate) const UNMARSHAL_PREFIX: &str = "unable to handle SecretProviderClass secrets: failed to unmarshal SecretProviderClass parameter \"secrets\"";
+pub(crate) const RETRIEVE_PREFIX: &str = "unable to retrieve secrets";
 
 /// The most problems of one class kept (`check` lists them; past it, their count).
 pub const MAX_PROBLEMS: usize = 64;
@@ -55,7 +55,7 @@ impl ParamError {
     }
 
     /// The same problems, each message passed through `f`.
-    pub(super) fn map(self, f: impl Fn(&str) -> String) -> Self {
+    pub(crate) fn map(self, f: impl Fn(&str) -> String) -> Self {
         Self {
             problems: self.problems.iter().map(|p| f(p)).collect(),
             more: self.more,
@@ -96,13 +96,13 @@ impl From<ParamError> for MountError {
 
 /// The problems of one class as they are found.
 #[derive(Debug, Default)]
-pub(super) struct Problems {
+pub(crate) struct Problems {
     found: Option<ParamError>,
 }
 
 impl Problems {
     /// The value, or `None` with its problems noted.
-    pub(super) fn take<T>(&mut self, checked: Result<T, ParamError>) -> Option<T> {
+    pub(crate) fn take<T>(&mut self, checked: Result<T, ParamError>) -> Option<T> {
         match checked {
             Ok(value) => Some(value),
             Err(err) => {
@@ -113,7 +113,7 @@ impl Problems {
     }
 
     /// Notes the problems of `err`.
-    pub(super) fn note(&mut self, err: ParamError) {
+    pub(crate) fn note(&mut self, err: ParamError) {
         let found = self.found.get_or_insert_with(|| ParamError {
             problems: Vec::new(),
             more: 0,
@@ -129,7 +129,7 @@ impl Problems {
     }
 
     /// `Err` with every problem noted, if any.
-    pub(super) fn finish(self) -> Result<(), ParamError> {
+    pub(crate) fn finish(self) -> Result<(), ParamError> {
         match self.found {
             Some(err) => Err(err),
             None => Ok(()),
@@ -142,7 +142,7 @@ impl Problems {
 /// `encodng` → `encoding`. It runs for attributes of every mount, so a name whose length
 /// alone rules it out (the distance is at least the difference of the lengths) costs no
 /// table, and nothing is allocated for the case.
-pub(super) fn nearest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn nearest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
     let len = word.chars().count();
     known
         .iter()

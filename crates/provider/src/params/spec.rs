@@ -4,22 +4,19 @@
 
 use std::fmt;
 
-use csi_grpc::FilePath;
 use serde::Deserialize;
 
-use crate::extract::{Format, KeySpec};
-
-pub(super) const SECRETS: &str = "secrets";
-pub(super) const AUTH_TYPE: &str = "authType";
-pub(super) const AUTH_SECRET_NAME: &str = "authSecretName";
-pub(super) const VAULT_ID: &str = "vaultId";
-pub(super) const REGION: &str = "region";
-pub(super) const FAILOVER_REGION: &str = "failoverRegion";
-pub(super) const FAILOVER_VAULT_ID: &str = "failoverVaultId";
-pub(super) const COMPARTMENT_ID: &str = "compartmentId";
+pub(crate) const SECRETS: &str = "secrets";
+pub(crate) const AUTH_TYPE: &str = "authType";
+pub(crate) const AUTH_SECRET_NAME: &str = "authSecretName";
+pub(crate) const VAULT_ID: &str = "vaultId";
+pub(crate) const REGION: &str = "region";
+pub(crate) const FAILOVER_REGION: &str = "failoverRegion";
+pub(crate) const FAILOVER_VAULT_ID: &str = "failoverVaultId";
+pub(crate) const COMPARTMENT_ID: &str = "compartmentId";
 
 /// Longest secret name and vault OCID the Secrets API accepts (spec 2.2).
-pub(super) const MAX_OCI_PARAMETER_LEN: usize = 255;
+pub(crate) const MAX_OCI_PARAMETER_LEN: usize = 255;
 
 /// What parsing a mount's parameters may allocate at most, per byte of them (its
 /// attributes' names and values): the `secrets` list is at most three times its text at
@@ -116,172 +113,6 @@ impl Encoding {
     }
 }
 
-/// One entry of the `secrets` parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretSpec {
-    /// Its position in the `secrets` list (messages say `secrets[index]`).
-    pub index: usize,
-    /// Which secret.
-    pub source: SecretSource,
-    /// Which version.
-    pub selector: VersionSelector,
-    /// Where the driver writes it: `fileName` trimmed, else `name` trimmed, else the
-    /// OCID's last segment.
-    pub path: FilePath,
-    /// The file's mode (`mode`); `None`: the request's permission.
-    pub mode: Option<csi_grpc::FileMode>,
-    /// How the content is encoded (`encoding`).
-    pub encoding: Encoding,
-    /// Files made from keys of the (JSON or YAML) content (`keys`).
-    pub keys: Vec<KeySpec>,
-    /// The parser for `keys` (`format`); `None`: JSON, then YAML.
-    pub format: Option<Format>,
-    /// Whether the whole secret is written to `path`: without `keys` and `versions`, and
-    /// with keys only when the entry sets its own `fileName`.
-    pub whole: bool,
-    /// `versions: N`: the files `path/0` (the current version), `path/1` (the one before
-    /// it), ... `path/N-1`; empty without `versions`.
-    pub history: Vec<FilePath>,
-    /// Whether its files are written (`writeFile`, default true); `false`: read by the
-    /// class's templates only.
-    pub write: bool,
-    /// Where this entry is read in the failover region: the same OCID, or the name in the
-    /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
-    pub failover: Option<SecretSource>,
-}
-
-impl SecretSpec {
-    /// Every file this entry writes.
-    pub fn files(&self) -> impl Iterator<Item = &FilePath> {
-        self.whole
-            .then_some(&self.path)
-            .into_iter()
-            .chain(self.keys.iter().map(|k| &k.path))
-            .chain(&self.history)
-    }
-}
-
-/// One `tag` / `namePrefix` entry: every `ACTIVE` secret of a vault it selects, listed at
-/// mount time (the Vault API's ListSecrets), each read as a `name` entry and written whole
-/// to `directory/<its name>`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SelectionSpec {
-    /// Its position in the `secrets` list.
-    pub index: usize,
-    /// The vault listed: the entry's `vaultId`, else the class's.
-    pub vault_id: String,
-    /// The compartment listed (ListSecrets needs it): the entry's, else the class's.
-    pub compartment_id: String,
-    /// `tag` and `namePrefix`: both hold when both are given.
-    pub filter: vault::SecretFilter,
-    /// `directory`, where the files go (`None`: the top of the mount).
-    pub directory: Option<String>,
-    /// The files' mode (`mode`); `None`: the request's permission.
-    pub mode: Option<csi_grpc::FileMode>,
-    /// How the contents are encoded (`encoding`).
-    pub encoding: Encoding,
-}
-
-impl SelectionSpec {
-    /// What the entry selects, as messages and `check` say it (tenant values quoted).
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(tag) = &self.filter.tag {
-            let written = match &tag.value {
-                Some(value) => format!("{}={value}", tag.key),
-                None => tag.key.clone(),
-            };
-            parts.push(format!("tag {}", bounded::quote(&written)));
-        }
-        if let Some(prefix) = &self.filter.name_prefix {
-            parts.push(format!("namePrefix {}", bounded::quote(prefix)));
-        }
-        parts.join(" and ")
-    }
-
-    /// The file of a selected secret named `name`: `directory/name`.
-    pub fn path_of(&self, name: &str) -> Result<FilePath, csi_grpc::PathError> {
-        match &self.directory {
-            Some(directory) => FilePath::new(format!("{directory}/{name}")),
-            None => FilePath::new(name),
-        }
-    }
-}
-
-/// What a certificate entry reads from the OCI Certificates service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CertificateKind {
-    /// `certificateId`: leaf, chain and (with `privateKey: true`) key.
-    Certificate,
-    /// `certificateAuthorityId`: the CA's certificate and chain, as `ca.crt`.
-    CertificateAuthority,
-    /// `caBundleId`: a CA bundle, as `ca.crt`.
-    CaBundle,
-}
-
-impl CertificateKind {
-    /// The entry field that names it.
-    pub fn field(self) -> &'static str {
-        match self {
-            CertificateKind::Certificate => "certificateId",
-            CertificateKind::CertificateAuthority => "certificateAuthorityId",
-            CertificateKind::CaBundle => "caBundleId",
-        }
-    }
-}
-
-/// One certificate entry of the `secrets` parameter (issue 15).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertificateSpec {
-    /// Its position in the `secrets` list.
-    pub index: usize,
-    /// Certificate, CA or CA bundle.
-    pub kind: CertificateKind,
-    /// The OCID.
-    pub id: String,
-    /// Which version (`CURRENT` by default; CA bundles have none).
-    pub selector: VersionSelector,
-    /// Whether the key is asked for and written (`privateKey: true`).
-    pub private_key: bool,
-    /// `directory/tls.crt` (or `certFileName`); certificates only.
-    pub cert_path: Option<FilePath>,
-    /// `directory/ca.crt` (or `chainFileName`).
-    pub chain_path: FilePath,
-    /// `directory/tls.key` (or `keyFileName`), with `privateKey: true` only.
-    pub key_path: Option<FilePath>,
-    /// The files' mode (`mode`); `None`: the request's permission.
-    pub mode: Option<csi_grpc::FileMode>,
-    /// Whether its files are written (`writeFile`, default true); `false`: read by the
-    /// class's templates only.
-    pub write: bool,
-}
-
-impl CertificateSpec {
-    /// Every file this entry writes.
-    pub fn files(&self) -> impl Iterator<Item = &FilePath> {
-        self.cert_path
-            .iter()
-            .chain(std::iter::once(&self.chain_path))
-            .chain(self.key_path.iter())
-    }
-}
-
-/// One `template` entry: a file rendered from other files of the class
-/// ([`crate::template`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TemplateSpec {
-    /// Its position in the `secrets` list.
-    pub index: usize,
-    /// The template, checked against the subset.
-    pub source: String,
-    /// Where the rendered file is written (`fileName`).
-    pub path: FilePath,
-    /// Its mode; `None`: the request's permission.
-    pub mode: Option<csi_grpc::FileMode>,
-    /// The files it reads, by the name a constant gives (`text("…")`), with where.
-    pub reads: Vec<(String, usize, usize)>,
-}
-
 /// How the provider authenticates to OCI (`authType`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuthSpec {
@@ -342,25 +173,35 @@ impl AuthSpec {
     }
 }
 
-/// The SecretProviderClass parameters of an OCI mount, validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountParameters {
-    /// The secrets, in request order.
-    pub secrets: Vec<SecretSpec>,
-    /// The certificate entries, in request order.
-    pub certificates: Vec<CertificateSpec>,
-    /// The `tag` / `namePrefix` entries, in request order.
-    pub selections: Vec<SelectionSpec>,
-    /// The template entries, in request order.
-    pub templates: Vec<TemplateSpec>,
-    /// The class-level `vaultId`, if given (each `name` entry has its vault in its
-    /// [`SecretSource`]).
-    pub vault_id: Option<String>,
-    /// `authType` (and `authSecretName`).
-    pub auth: AuthSpec,
-    /// `region`: read from this region instead of the principal's.
-    pub region: Option<String>,
-    /// `failoverRegion`: where an entry is read when the primary region fails with a
-    /// connection error, 5xx, 429 after retries or a timeout.
-    pub failover_region: Option<String>,
+/// The class-level values entries fall back on: `vaultId` and `compartmentId` (a class
+/// value that is itself a problem stands as an empty one, so that its entries are not also
+/// reported as naming none), and `failover`: `None` without `failoverRegion`, else the
+/// class-level `failoverVaultId`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassDefaults<'a> {
+    pub(crate) vault: Option<&'a str>,
+    pub(crate) compartment: Option<&'a str>,
+    pub(crate) failover: Option<Option<&'a str>>,
+}
+
+/// What a certificate entry reads from the OCI Certificates service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CertificateKind {
+    /// `certificateId`: leaf, chain and (with `privateKey: true`) key.
+    Certificate,
+    /// `certificateAuthorityId`: the CA's certificate and chain, as `ca.crt`.
+    CertificateAuthority,
+    /// `caBundleId`: a CA bundle, as `ca.crt`.
+    CaBundle,
+}
+
+impl CertificateKind {
+    /// The entry field that names it.
+    pub fn field(self) -> &'static str {
+        match self {
+            CertificateKind::Certificate => "certificateId",
+            CertificateKind::CertificateAuthority => "certificateAuthorityId",
+            CertificateKind::CaBundle => "caBundleId",
+        }
+    }
 }

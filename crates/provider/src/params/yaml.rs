@@ -21,10 +21,10 @@ pub const MAX_SECRETS_BYTES: usize = 256 * 1024;
 const MAX_FIELD_BYTES: usize = 1024;
 
 /// A field of an entry as written: text of at most [`MAX_FIELD_BYTES`].
-pub(super) type Field = BoundedString<MAX_FIELD_BYTES>;
+pub(crate) type Field = BoundedString<MAX_FIELD_BYTES>;
 
 /// A `template` as written: at most [`crate::template::MAX_TEMPLATE_BYTES`].
-pub(super) type TemplateText = BoundedString<{ crate::template::MAX_TEMPLATE_BYTES }>;
+pub(crate) type TemplateText = BoundedString<{ crate::template::MAX_TEMPLATE_BYTES }>;
 
 /// The budget of the `secrets` parameter's parse.
 const SECRETS_BUDGET: ParseBudget = ParseBudget::new(MAX_SECRETS_BYTES);
@@ -49,7 +49,7 @@ fn take_file() -> bool {
 
 /// A `keys` list, each item counted against the files the mount may write as it is read.
 #[derive(Debug)]
-pub(super) struct CappedKeys(pub(super) Vec<RawKey>);
+pub(crate) struct CappedKeys(pub(crate) Vec<RawKey>);
 
 impl<'de> Deserialize<'de> for CappedKeys {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -92,7 +92,7 @@ fn text_field<E: de::Error>(v: &str) -> Result<String, E> {
 
 /// `versionNumber` as written: Go accepts an integer or a quoted integer, nothing else.
 #[derive(Debug)]
-pub(super) enum RawVersion {
+pub(crate) enum RawVersion {
     Integer(i128),
     Text(String),
     Other(String),
@@ -138,7 +138,7 @@ impl<'de> Deserialize<'de> for RawVersion {
 /// `mode` as written: a string of octal digits; a YAML integer is refused (YAML 1.1 reads
 /// `0400` as octal 256, YAML 1.2 as decimal 400).
 #[derive(Debug)]
-pub(super) enum RawMode {
+pub(crate) enum RawMode {
     Text(String),
     Integer(String),
     Other,
@@ -177,61 +177,61 @@ impl<'de> Deserialize<'de> for RawMode {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawSecret {
-    pub(super) name: Option<Field>,
+pub(crate) struct RawSecret {
+    pub(crate) name: Option<Field>,
     #[serde(rename = "secretId")]
-    pub(super) secret_id: Option<Field>,
+    pub(crate) secret_id: Option<Field>,
     #[serde(rename = "vaultId")]
-    pub(super) vault_id: Option<Field>,
-    pub(super) stage: Option<Field>,
+    pub(crate) vault_id: Option<Field>,
+    pub(crate) stage: Option<Field>,
     #[serde(rename = "versionNumber")]
-    pub(super) version_number: Option<RawVersion>,
+    pub(crate) version_number: Option<RawVersion>,
     #[serde(rename = "versionName")]
-    pub(super) version_name: Option<Field>,
+    pub(crate) version_name: Option<Field>,
     #[serde(rename = "fileName")]
-    pub(super) file_name: Option<Field>,
-    pub(super) mode: Option<RawMode>,
-    pub(super) encoding: Option<Field>,
-    pub(super) keys: Option<CappedKeys>,
-    pub(super) format: Option<Field>,
+    pub(crate) file_name: Option<Field>,
+    pub(crate) mode: Option<RawMode>,
+    pub(crate) encoding: Option<Field>,
+    pub(crate) keys: Option<CappedKeys>,
+    pub(crate) format: Option<Field>,
     #[serde(rename = "failoverVaultId")]
-    pub(super) failover_vault_id: Option<Field>,
+    pub(crate) failover_vault_id: Option<Field>,
     #[serde(rename = "certificateId")]
-    pub(super) certificate_id: Option<Field>,
+    pub(crate) certificate_id: Option<Field>,
     #[serde(rename = "certificateAuthorityId")]
-    pub(super) certificate_authority_id: Option<Field>,
+    pub(crate) certificate_authority_id: Option<Field>,
     #[serde(rename = "caBundleId")]
-    pub(super) ca_bundle_id: Option<Field>,
+    pub(crate) ca_bundle_id: Option<Field>,
     #[serde(rename = "privateKey")]
-    pub(super) private_key: Option<bool>,
-    pub(super) directory: Option<Field>,
+    pub(crate) private_key: Option<bool>,
+    pub(crate) directory: Option<Field>,
     #[serde(rename = "certFileName")]
-    pub(super) cert_file_name: Option<Field>,
+    pub(crate) cert_file_name: Option<Field>,
     #[serde(rename = "chainFileName")]
-    pub(super) chain_file_name: Option<Field>,
+    pub(crate) chain_file_name: Option<Field>,
     #[serde(rename = "keyFileName")]
-    pub(super) key_file_name: Option<Field>,
-    pub(super) versions: Option<RawVersion>,
-    pub(super) tag: Option<Field>,
+    pub(crate) key_file_name: Option<Field>,
+    pub(crate) versions: Option<RawVersion>,
+    pub(crate) tag: Option<Field>,
     #[serde(rename = "namePrefix")]
-    pub(super) name_prefix: Option<Field>,
+    pub(crate) name_prefix: Option<Field>,
     #[serde(rename = "compartmentId")]
-    pub(super) compartment_id: Option<Field>,
-    pub(super) template: Option<TemplateText>,
+    pub(crate) compartment_id: Option<Field>,
+    pub(crate) template: Option<TemplateText>,
     #[serde(rename = "writeFile")]
-    pub(super) write_file: Option<bool>,
+    pub(crate) write_file: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawKey {
-    pub(super) key: Option<Field>,
+pub(crate) struct RawKey {
+    pub(crate) key: Option<Field>,
     #[serde(rename = "fileName")]
-    pub(super) file_name: Option<Field>,
-    pub(super) mode: Option<RawMode>,
+    pub(crate) file_name: Option<Field>,
+    pub(crate) mode: Option<RawMode>,
 }
 
-pub(super) fn parse_secrets_yaml(
+pub(crate) fn parse_secrets_yaml(
     attributes: &BTreeMap<String, String>,
     limits: ParseLimits,
 ) -> Result<Vec<RawSecret>, ParamError> {
@@ -293,7 +293,7 @@ pub(super) fn parse_secrets_yaml(
 }
 
 /// Every field an entry of the list may have (the field table's, [`RawSecret::given`]).
-pub(super) const ENTRY_FIELDS: [&str; 26] = [
+pub(crate) const ENTRY_FIELDS: [&str; 26] = [
     "name",
     "secretId",
     "vaultId",
@@ -397,7 +397,7 @@ impl<'de> Visitor<'de> for CappedList<'_> {
 /// What an entry is: a secret (`name`, `secretId`), a selection of a vault's secrets
 /// (`tag`, `namePrefix`) or a certificate entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum EntryKind {
+pub(crate) enum EntryKind {
     Secret,
     Selection,
     Certificate(CertificateKind),
@@ -406,7 +406,7 @@ pub(super) enum EntryKind {
 
 /// The kinds of entry a field applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Applies {
+pub(crate) struct Applies {
     secret: bool,
     certificate: bool,
     certificate_authority: bool,
@@ -442,7 +442,7 @@ impl Applies {
         }
     }
 
-    pub(super) fn to(self, kind: EntryKind) -> bool {
+    pub(crate) fn to(self, kind: EntryKind) -> bool {
         match kind {
             EntryKind::Secret => self.secret,
             EntryKind::Selection => self.selection,
@@ -460,7 +460,7 @@ impl RawSecret {
     /// The fields given, as written, with the kinds of entry each applies to. The struct is
     /// destructured without `..`: a field added to `RawSecret` does not compile until it is
     /// placed here, so no field can pass unchecked.
-    pub(super) fn given(&self) -> Vec<(&'static str, Applies)> {
+    pub(crate) fn given(&self) -> Vec<(&'static str, Applies)> {
         let RawSecret {
             name,
             secret_id,
@@ -527,7 +527,7 @@ impl RawSecret {
     }
 
     /// The first field given that does not apply to an entry of `kind`.
-    pub(super) fn misplaced(&self, kind: EntryKind) -> Option<&'static str> {
+    pub(crate) fn misplaced(&self, kind: EntryKind) -> Option<&'static str> {
         self.given()
             .into_iter()
             .find(|(_, applies)| !applies.to(kind))
@@ -535,7 +535,7 @@ impl RawSecret {
     }
 
     /// The fields given that do not apply to a `template` entry.
-    pub(super) fn misplaced_in_template(&self) -> Vec<&'static str> {
+    pub(crate) fn misplaced_in_template(&self) -> Vec<&'static str> {
         self.given()
             .into_iter()
             .filter(|(_, applies)| !applies.to(EntryKind::Template))
@@ -544,7 +544,7 @@ impl RawSecret {
     }
 
     /// The kinds of entry that take `field`, as a secret entry's message says it.
-    pub(super) fn kinds_of(&self, field: &str) -> &'static str {
+    pub(crate) fn kinds_of(&self, field: &str) -> &'static str {
         let applies = self
             .given()
             .into_iter()
@@ -566,7 +566,7 @@ impl RawSecret {
 
     /// Whether the entry selects secrets by `tag` or `namePrefix` (a certificate OCID
     /// makes it a certificate entry first).
-    pub(super) fn selects(&self) -> bool {
+    pub(crate) fn selects(&self) -> bool {
         self.tag.is_some() || self.name_prefix.is_some()
     }
 

@@ -1,9 +1,8 @@
-//! The mount service `csi-grpc` calls: parameters, then the identity, then every entry at
-//! once (`fanout`; one entry by `entries`, a version history by `history`, a selection by
-//! `selection`) to the targets (`targets`), their files (`files`); a failure says what
-//! failed (`failure`). What the service is built over and shares between mounts is
-//! `contract`. Only this module imports the others; they import `contract` and `failure`,
-//! which import none of them.
+//! The mount service `csi-grpc` calls: parameters, then the identity, then where its calls
+//! go (`targets`), then every entry at once (`fanout`: each by its kind, `crate::entries`),
+//! then the templates, then the answer (`files`: its object versions, its size check).
+//! What the service is built over and shares between mounts is `crate::contract`; a failure
+//! says what failed through `crate::failure`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,20 +12,18 @@ use csi_grpc::{Caller, ErrorKind, MountError, MountRequest, MountResponse};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
-mod entries;
 mod fanout;
 mod files;
-mod history;
-mod selection;
 mod targets;
-mod templates;
 
-use crate::contract::{IdentityService, ListingService, MountContext, NoListings, SecretsService};
+use crate::contract::{
+    CertificateService, IdentityService, ListingService, MountContext, NoListings, SecretsService,
+};
+use crate::entries::{EntryFiles, EntryVersion, MountRun, render_templates};
 use crate::failure::auth_error;
-use entries::{EntryFiles, EntryVersion, MountRun};
 use files::{check_selected, object_versions};
-// `crate::fuzzing` makes a secret's files as a mount does.
-pub(crate) use files::{check_size, secret_files};
+// `crate::fuzzing` checks a mount's size as a mount does.
+pub(crate) use files::check_size;
 use targets::endpoint_error;
 
 use crate::layers::budget::MountBytes;
@@ -100,7 +97,7 @@ impl<A, V, C, L> OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
-    C: crate::contract::CertificateService,
+    C: CertificateService,
     L: ListingService,
 {
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
@@ -182,9 +179,10 @@ where
             &targets,
         )
         .await?;
-        let rendered = templates::render_templates(&run, &params.templates, &mut entries).await?;
+        let templates = params.templates();
+        let rendered = render_templates(&run, &templates, &mut entries).await?;
         entries.extend(rendered);
-        answer(entries, &self.config, !params.selections.is_empty())
+        answer(entries, &params, &self.config)
     }
 }
 
@@ -193,18 +191,19 @@ where
 /// within the size the driver accepts (and, with selections, the files it may write); the
 /// reservations are held until the answer is assembled and handed on.
 fn answer(
-    entries: Vec<EntryFiles>,
+    mut entries: Vec<EntryFiles>,
+    params: &MountParameters,
     config: &MountContext,
-    selections: bool,
 ) -> Result<MountResponse, MountError> {
-    let kind = |entry: &EntryFiles| match entry.versions.first() {
-        Some(EntryVersion::Certificate(_)) => 1,
-        Some(EntryVersion::Template(_)) => 2,
-        _ => 0,
+    let group = |files: &EntryFiles| {
+        params
+            .entries
+            .iter()
+            .find(|entry| entry.index() == files.index)
+            .map_or(0, crate::entries::Entry::answer_group)
     };
-    let mut entries = entries;
-    // Stable: each kind keeps the class's order.
-    entries.sort_by_key(|entry| kind(entry));
+    // Stable: each group keeps the class's order.
+    entries.sort_by_key(|files| group(files));
     let mut secret_versions = Vec::new();
     let mut own_versions = Vec::new();
     for version in entries
@@ -234,7 +233,7 @@ fn answer(
         }
         reservations.extend(entry.reservations);
     }
-    if selections {
+    if !params.selections().is_empty() {
         check_selected(&files, config.max_files)?;
     }
     check_size(&files, config.max_total_bytes)?;
@@ -277,7 +276,7 @@ impl<A, V, C, L> Service<MountRequest> for OciMount<A, V, C, L>
 where
     A: IdentityService,
     V: SecretsService,
-    C: crate::contract::CertificateService,
+    C: CertificateService,
     L: ListingService,
 {
     type Response = MountResponse;

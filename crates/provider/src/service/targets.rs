@@ -5,6 +5,7 @@ use csi_grpc::{ErrorKind, MountError};
 
 use crate::contract::MountContext;
 use crate::endpoints::RegionEndpoints;
+use crate::entries::{Target, Targets};
 use crate::params::{AuthSpec, MountParameters};
 
 /// The primary region's endpoints (`region`, else the principal's) and the failover
@@ -122,24 +123,4 @@ fn check_allowed(
 /// A mount without an endpoint to call: the operator's configuration.
 pub(super) fn endpoint_error(err: crate::endpoints::EndpointError) -> MountError {
     MountError::invalid_argument(err.to_string())
-}
-
-/// Where a mount's calls go.
-pub(super) struct Targets {
-    /// The primary region: every Secrets call first, and every Certificates call
-    /// (certificate entries do not fail over).
-    pub(super) primary: Target,
-    /// The failover region, if the class names one.
-    pub(super) failover: Option<Target>,
-}
-
-/// One region's endpoints and the mount's session for requests to them.
-pub(super) struct Target {
-    pub(super) endpoints: RegionEndpoints,
-    /// The established session told the region its requests go to: the region is decided
-    /// here, where the URL is, not by the signing layer from a host (the operator's
-    /// overrides may map regions to any host). A 401 from a region the class named, other
-    /// than the principal's own, then fails that request and leaves the credential every
-    /// other mount shares alone (`auth::Session::toward`).
-    pub(super) session: auth::Session,
 }

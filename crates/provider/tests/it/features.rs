@@ -36,12 +36,12 @@ fn an_entry_may_name_a_secret_by_ocid_without_any_vault() {
     );
     assert_eq!(params.vault_id, None);
     assert_eq!(
-        params.secrets[0].source,
+        params.secrets()[0].source,
         SecretSource::Id(SECRET_OCID.into())
     );
     // The file is named after the OCID's last segment unless fileName says.
-    assert_eq!(params.secrets[0].path.as_str(), "amaaaaaaexample");
-    assert_eq!(params.secrets[1].path.as_str(), "old");
+    assert_eq!(params.secrets()[0].path.as_str(), "amaaaaaaexample");
+    assert_eq!(params.secrets()[1].path.as_str(), "old");
 }
 
 #[test]
@@ -79,7 +79,7 @@ fn an_entry_vault_overrides_the_class_vault_which_is_then_optional() {
         &[],
     );
     let vaults: Vec<_> = params
-        .secrets
+        .secrets()
         .iter()
         .map(|s| match &s.source {
             SecretSource::Name { vault_id, .. } => vault_id.as_str(),
@@ -110,7 +110,7 @@ fn an_entry_vault_overrides_the_class_vault_which_is_then_optional() {
 fn version_names_are_one_of_three_selectors() {
     let params = parse("- name: a\n  versionName: blue\n", &[]);
     assert_eq!(
-        params.secrets[0].selector,
+        params.secrets()[0].selector,
         VersionSelector::Name("blue".into())
     );
     refused(
@@ -137,7 +137,7 @@ fn modes_are_quoted_octal_strings() {
         &[],
     );
     let modes: Vec<_> = params
-        .secrets
+        .secrets()
         .iter()
         .map(|s| s.mode.map(FileMode::get))
         .collect();
@@ -162,7 +162,7 @@ fn encodings_are_named() {
         "- name: a\n  encoding: base64\n- name: b\n  encoding: HEX\n- name: c\n  encoding: utf-8\n",
         &[],
     );
-    let encodings: Vec<_> = params.secrets.iter().map(|s| s.encoding).collect();
+    let encodings: Vec<_> = params.secrets().iter().map(|s| s.encoding).collect();
     assert_eq!(encodings, [Encoding::Base64, Encoding::Hex, Encoding::Utf8]);
     refused(
         "- name: a\n  encoding: rot13\n",
@@ -174,7 +174,7 @@ fn encodings_are_named() {
 #[test]
 fn sub_directories_follow_the_drivers_path_rules() {
     let params = parse("- name: a\n  fileName: db/password\n", &[]);
-    assert_eq!(params.secrets[0].path.as_str(), "db/password");
+    assert_eq!(params.secrets()[0].path.as_str(), "db/password");
     refused(
         "- name: a\n  fileName: ../x\n",
         &[],
@@ -204,7 +204,7 @@ fn keys_name_files_and_the_whole_secret_only_with_its_own_file_name() {
          - name: both\n  fileName: both.json\n  format: json\n  keys:\n  - key: x\n",
         &[],
     );
-    let cfg = &params.secrets[0];
+    let cfg = &params.secrets()[0];
     assert!(!cfg.whole, "keys without fileName: no whole file");
     let files: Vec<_> = cfg
         .keys
@@ -219,11 +219,11 @@ fn keys_name_files_and_the_whole_secret_only_with_its_own_file_name() {
             ("a.b", "sub/ab", Some(0o400))
         ]
     );
-    let both = &params.secrets[1];
+    let both = &params.secrets()[1];
     assert!(both.whole);
     assert_eq!(both.format, Some(oci_csi_provider::Format::Json));
     let all: Vec<_> = params
-        .secrets
+        .secrets()
         .iter()
         .flat_map(|s| s.files())
         .map(|p| p.as_str())
@@ -288,17 +288,17 @@ fn regions_are_ids_or_short_codes_never_hosts() {
     assert_eq!(params.region.as_deref(), Some("iad"));
     assert_eq!(params.failover_region.as_deref(), Some("us-phoenix-1"));
     assert_eq!(
-        params.secrets[0].failover,
+        params.secrets()[0].failover,
         Some(SecretSource::Name {
             name: "a".into(),
             vault_id: "ocid1.vault.oc1.phx.r".into()
         })
     );
     assert_eq!(
-        params.secrets[1].failover,
+        params.secrets()[1].failover,
         Some(SecretSource::Id("ocid1.vaultsecret.oc1.iad.x".into()))
     );
-    assert_eq!(parse("- name: a\n", &[]).secrets[0].failover, None);
+    assert_eq!(parse("- name: a\n", &[]).secrets()[0].failover, None);
     for bad in [
         "secrets.example.com",
         "https://x",
@@ -341,7 +341,7 @@ fn regions_are_ids_or_short_codes_never_hosts() {
         &[("failoverRegion", "us-phoenix-1")],
     );
     assert_eq!(
-        params.secrets[0].failover,
+        params.secrets()[0].failover,
         Some(SecretSource::Name {
             name: "a".into(),
             vault_id: "ocid1.vault.oc1.phx.own".into()

@@ -54,7 +54,7 @@ fn refused(secrets: &str, extra: &[(&str, &str)]) -> String {
 fn versions_write_the_files_name_0_to_n_minus_1_each_counted_against_the_file_limit() {
     let params =
         MountParameters::parse(&attrs("- name: db\n  versions: 3\n", &[]), &pod()).unwrap();
-    let files: Vec<&str> = params.secrets[0].files().map(|f| f.as_str()).collect();
+    let files: Vec<&str> = params.secrets()[0].files().map(|f| f.as_str()).collect();
     assert_eq!(files, ["db/0", "db/1", "db/2"]);
     let limits = oci_csi_provider::ParseLimits {
         max_secrets: 10,
@@ -105,8 +105,8 @@ fn a_tag_or_name_prefix_entry_takes_its_compartment_from_the_entry_or_the_class(
                    - namePrefix: app-\n  compartmentId: ocid1.tenancy.oc1..root\n  tag: env\n";
     let params =
         MountParameters::parse(&attrs(secrets, &[("compartmentId", COMPARTMENT)]), &pod()).unwrap();
-    let [first, second] = &params.selections[..] else {
-        panic!("{:?}", params.selections)
+    let [first, second] = &params.selections()[..] else {
+        panic!("{:?}", params.selections())
     };
     assert_eq!(first.compartment_id, COMPARTMENT);
     assert_eq!(
@@ -120,7 +120,7 @@ fn a_tag_or_name_prefix_entry_takes_its_compartment_from_the_entry_or_the_class(
         "a tenancy is a compartment"
     );
     assert_eq!(second.describe(), "tag \"env\" and namePrefix \"app-\"");
-    assert!(params.secrets.is_empty());
+    assert!(params.secrets().is_empty());
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn a_list_longer_than_the_cap_is_refused_without_building_it() {
     assert_eq!(
         MountParameters::parse(&attributes, &pod)
             .unwrap()
-            .secrets
+            .secrets()
             .len(),
         256
     );

@@ -47,7 +47,7 @@ fn a_full_parameter_set_parses_to_the_typed_request() {
     );
     assert_eq!(params.auth, AuthSpec::Workload);
     let got: Vec<_> = params
-        .secrets
+        .secrets()
         .iter()
         .map(|s| (s.source.display(), s.selector.clone(), s.path.as_str()))
         .collect();
@@ -319,11 +319,11 @@ fn certificate_entries_parse_beside_secrets_keeping_their_positions() {
     let secrets = "- name: db\n- certificateId: ocid1.certificate.oc1.iad.web\n  privateKey: true\n  versionNumber: 3\n- caBundleId: ocid1.cabundle.oc1.iad.roots\n  directory: trust/\n  chainFileName: roots.pem\n- certificateAuthorityId: ocid1.certificateauthority.oc1.iad.ca\n  stage: PENDING\n  mode: \"0444\"\n- name: api\n";
     let params = MountParameters::parse(&attrs(secrets, &[]), &pod()).unwrap();
     assert_eq!(
-        params.secrets.iter().map(|s| s.index).collect::<Vec<_>>(),
+        params.secrets().iter().map(|s| s.index).collect::<Vec<_>>(),
         [0, 4]
     );
     let files: Vec<Vec<&str>> = params
-        .certificates
+        .certificates()
         .iter()
         .map(|c| c.files().map(|f| f.as_str()).collect())
         .collect();
@@ -335,21 +335,21 @@ fn certificate_entries_parse_beside_secrets_keeping_their_positions() {
             vec!["ca/ca.crt"],
         ]
     );
-    let web = &params.certificates[0];
+    let web = &params.certificates()[0];
     assert_eq!((web.index, web.private_key), (1, true));
     assert_eq!(web.selector, VersionSelector::Number(3));
     assert_eq!(
-        params.certificates[2].selector,
+        params.certificates()[2].selector,
         VersionSelector::Stage(Stage::Pending)
     );
-    assert_eq!(params.certificates[2].mode.map(|m| m.get()), Some(0o444));
+    assert_eq!(params.certificates()[2].mode.map(|m| m.get()), Some(0o444));
     // Without privateKey no key file.
     let params = MountParameters::parse(
         &attrs("- certificateId: ocid1.certificate.oc1.iad.web\n", &[]),
         &pod(),
     )
     .unwrap();
-    assert!(params.certificates[0].key_path.is_none());
+    assert!(params.certificates()[0].key_path.is_none());
     // `directory: .` puts them at the top (the sync controller's sourcePath has no `/`).
     let params = MountParameters::parse(
         &attrs(
@@ -362,7 +362,7 @@ fn certificate_entries_parse_beside_secrets_keeping_their_positions() {
     .unwrap();
     assert_eq!(
         params
-            .certificates
+            .certificates()
             .iter()
             .map(|c| c.files().map(|f| f.as_str().to_owned()).collect::<Vec<_>>())
             .collect::<Vec<_>>(),
@@ -547,4 +547,24 @@ fn misspelt_class_parameters_are_warned_and_the_drivers_attributes_are_not() {
             .iter()
             .any(|w| w.contains("\"vaultid\"") && w.contains("did you mean \"vaultId\""))
     );
+}
+
+/// A new user fixing one problem at a time would meet the next only on the next run: an
+/// entry whose vault is missing still has its own fileName checked.
+#[test]
+fn an_entry_missing_its_vault_still_names_its_escaping_file_name() {
+    let mut attributes = attrs("- name: a\n  fileName: ../escape\n", &[]);
+    attributes.remove("vaultId");
+    let err = MountParameters::parse(&attributes, &pod()).unwrap_err();
+    assert_eq!(err.count(), 2, "{err}");
+    for fragment in [
+        "missed \"vaultId\" SecretProviderClass parameters",
+        "invalid file name: secrets[0].fileName",
+    ] {
+        assert!(
+            err.problems().iter().any(|p| p.contains(fragment)),
+            "{fragment:?} not in {:#?}",
+            err.problems()
+        );
+    }
 }

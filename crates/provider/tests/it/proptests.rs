@@ -217,8 +217,8 @@ proptest! {
     #[test]
     fn valid_parameter_sets_parse_to_the_expected_request(items in items()) {
         let params = MountParameters::parse(&attributes(&render(&items)), &pod()).unwrap();
-        prop_assert_eq!(params.secrets.len(), items.len());
-        for (spec, item) in params.secrets.iter().zip(&items) {
+        prop_assert_eq!(params.secrets().len(), items.len());
+        for (spec, item) in params.secrets().iter().zip(&items) {
             prop_assert_eq!(spec.source.display(), item.name.as_str());
             let expected = match (item.stage, item.number) {
                 (Some(stage), _) => VersionSelector::Stage(stage),

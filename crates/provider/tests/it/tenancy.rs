@@ -312,7 +312,7 @@ fn entries_with_keys_are_not_counted_twice() {
     }
     let attributes = instance_class(&yaml);
     let params = MountParameters::parse(&attributes, &csi_grpc::Pod::default()).unwrap();
-    assert_eq!(params.secrets.len(), 200);
+    assert_eq!(params.secrets().len(), 200);
 }
 
 #[test]

@@ -1,30 +1,119 @@
-//! The class's `template` entries rendered from the files of its other entries, once the
-//! fan-out has fetched them: each template's file and object version (a digest of the
-//! versions of what it read and of the template itself).
-//!
-//! Rendering is CPU work a tenant chooses: it runs off the async workers, on the blocking
-//! pool behind `MountContext::template_renders` (fewer permits than workers), all of a
-//! mount's templates in one task under one [`Work`]: their fuel is shared, and the work
-//! stops at the mount's deadline or as soon as nobody waits for the answer.
+//! Template entries: one file rendered from other files of the same class, in a sandboxed
+//! subset of Jinja ([`crate::template`], the engine). Their checks (the template held to the
+//! subset, what it reads written by another entry of the class) and their render, once the
+//! fan-out has fetched the other entries: off the async workers, on the blocking pool behind
+//! `MountContext::template_renders` (fewer permits than workers), all of a mount's templates
+//! in one task under one [`Work`] (their fuel shared; the work stops at the mount's deadline
+//! or as soon as nobody waits for the answer); each file's object version is a digest of the
+//! versions of what it read and of the template itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use csi_grpc::{ErrorKind, File, FileContents, FileMode, MountError, ObjectVersion};
+use csi_grpc::{ErrorKind, File, FileContents, FileMode, FilePath, MountError, ObjectVersion};
 use zeroize::Zeroizing;
 
-use super::entries::{EntryFiles, EntryVersion, MountRun};
-use crate::params::TemplateSpec;
+use super::FileDescription;
+use super::run::{EntryFiles, EntryVersion, MountRun};
+use crate::params::fields::parse_mode;
+use crate::params::problems::{ParamError, Problems, RETRIEVE_PREFIX};
+use crate::params::yaml::RawSecret;
 use crate::template::{Input, RenderError, Renders, Reserve, TEMPLATE_FUEL, Work};
 
+/// One `template` entry: a file rendered from other files of the class
+/// ([`crate::template`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateSpec {
+    /// Its position in the `secrets` list.
+    pub index: usize,
+    /// The template, checked against the subset.
+    pub source: String,
+    /// Where the rendered file is written (`fileName`).
+    pub path: FilePath,
+    /// Its mode; `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+    /// The files it reads, by the name a constant gives (`text("…")`), with where.
+    pub reads: Vec<(String, usize, usize)>,
+}
+
+/// A `template` entry: its fields, and its template held to the subset (every problem at
+/// its line and column). Which files it reads is checked with the whole list.
+pub(crate) fn check(
+    index: usize,
+    item: &RawSecret,
+    problems: &mut Problems,
+) -> Option<TemplateSpec> {
+    let misplaced = item.misplaced_in_template();
+    if !misplaced.is_empty() {
+        problems.note(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}] is a template entry, which takes template, \
+             fileName and mode, not {}",
+            misplaced.join(", ")
+        )));
+    }
+    let source = item.template.as_deref().unwrap_or_default();
+    let checked = crate::template::check(source);
+    for problem in &checked.problems {
+        problems.note(ParamError::new(format!(
+            "{RETRIEVE_PREFIX}: secrets[{index}].template {problem}"
+        )));
+    }
+    let path = match item.file_name.as_deref().map(str::trim) {
+        Some(name) if !name.is_empty() => problems.take(FilePath::new(name).map_err(|e| {
+            ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].fileName: {e}"
+            ))
+        })),
+        _ => {
+            problems.note(ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: secrets[{index}] is a template entry: it needs fileName, \
+                 the file it renders"
+            )));
+            None
+        }
+    };
+    let mode = problems.take(parse_mode(index, item.mode.as_ref()));
+    if !misplaced.is_empty() || !checked.problems.is_empty() {
+        return None;
+    }
+    Some(TemplateSpec {
+        index,
+        source: source.to_owned(),
+        path: path?,
+        mode: mode?,
+        reads: checked.files,
+    })
+}
+
+/// Every file a template of the class reads is written by another entry of the class.
+pub(crate) fn check_reads(
+    templates: &[&TemplateSpec],
+    files: &[&FilePath],
+    problems: &mut Problems,
+) {
+    for template in templates {
+        for (file, line, column) in &template.reads {
+            if !files.iter().any(|f| f.as_str() == file) {
+                let listed: Vec<&str> = files.iter().take(20).map(|f| f.as_str()).collect();
+                problems.note(ParamError::new(format!(
+                    "{RETRIEVE_PREFIX}: secrets[{}].template line {line}, column {column}: no \
+                     entry of this class has the file {} (its files: {})",
+                    template.index,
+                    bounded::quote(file),
+                    listed.join(", ")
+                )));
+            }
+        }
+    }
+}
 /// The most a template's output may be, per byte of its text and of the class's files.
 pub(crate) const TEMPLATE_OUTPUT_FACTOR: usize = 4;
 
 /// Renders `templates` from the files of `entries` (shared with the renders, not copied,
 /// and given back), each within the room the mount's other files leave.
-pub(super) async fn render_templates(
+pub(crate) async fn render_templates(
     run: &MountRun<'_>,
-    templates: &[TemplateSpec],
+    templates: &[&TemplateSpec],
     entries: &mut [EntryFiles],
 ) -> Result<Vec<EntryFiles>, MountError> {
     if templates.is_empty() {
@@ -39,7 +128,7 @@ pub(super) async fn render_templates(
         .sum();
     let work = Work::new(TEMPLATE_FUEL, Some(run.request.deadline.into_std()));
     let job = Job {
-        templates: templates.to_vec(),
+        templates: templates.iter().map(|t| (*t).clone()).collect(),
         renders: Renders::new(inputs.clone(), reserve(run), work.clone()),
         written,
         max_total_bytes: run.config.max_total_bytes,
@@ -220,4 +309,21 @@ fn give_back(entries: &mut [EntryFiles], mut inputs: BTreeMap<String, Input>) {
             }
         }
     }
+}
+
+/// The entry's file as `check` shows it: what it reads.
+pub(crate) fn describe(spec: &TemplateSpec) -> Vec<FileDescription> {
+    let mut reads: Vec<&str> = spec.reads.iter().map(|(f, _, _)| f.as_str()).collect();
+    reads.dedup();
+    vec![FileDescription {
+        path: spec.path.as_str().to_owned(),
+        mode: spec.mode,
+        source: format!("template reading {}", reads.join(", ")),
+        vault: String::new(),
+        selector: String::new(),
+        key: String::new(),
+        encoding: "utf-8".to_owned(),
+        written: true,
+        selection: None,
+    }]
 }

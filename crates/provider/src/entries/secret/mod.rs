@@ -1,18 +1,74 @@
-//! Secret entries (`name` or `secretId`): their source, version, file, encoding, `keys` and
-//! failover.
+//! Secret entries (`name` or `secretId`): their parameters and checks (source, version,
+//! file, encoding, `keys`, failover; `versions` makes them a version history, `history.rs`),
+//! their requests and fetch (`fetch.rs`), and their files (`files.rs`).
 
 use bounded::quote;
 use csi_grpc::FilePath;
 
-use super::class::check_ocid;
-use super::fields::{parse_count, parse_mode, parse_selector};
-use super::problems::{ParamError, Problems, RETRIEVE_PREFIX};
-use super::spec::{Encoding, MAX_OCI_PARAMETER_LEN, MAX_VERSIONS, SecretSource, SecretSpec};
-use super::yaml::{EntryKind, RawKey, RawSecret};
 use crate::extract::{Format, KeySpec};
+use crate::params::class::check_ocid;
+use crate::params::fields::{parse_count, parse_mode, parse_selector};
+use crate::params::problems::{ParamError, Problems, RETRIEVE_PREFIX};
+use crate::params::spec::{
+    Encoding, MAX_OCI_PARAMETER_LEN, MAX_VERSIONS, SecretSource, VersionSelector,
+};
+use crate::params::yaml::{EntryKind, RawKey, RawSecret};
+
+use super::FileDescription;
+
+mod fetch;
+mod files;
+
+pub(crate) use fetch::{bundle_files, fetch_bundle, metered, secret_entry, secret_requests, start};
+pub(crate) use files::secret_files;
+
+/// One entry of the `secrets` parameter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretSpec {
+    /// Its position in the `secrets` list (messages say `secrets[index]`).
+    pub index: usize,
+    /// Which secret.
+    pub source: SecretSource,
+    /// Which version.
+    pub selector: VersionSelector,
+    /// Where the driver writes it: `fileName` trimmed, else `name` trimmed, else the
+    /// OCID's last segment.
+    pub path: FilePath,
+    /// The file's mode (`mode`); `None`: the request's permission.
+    pub mode: Option<csi_grpc::FileMode>,
+    /// How the content is encoded (`encoding`).
+    pub encoding: Encoding,
+    /// Files made from keys of the (JSON or YAML) content (`keys`).
+    pub keys: Vec<KeySpec>,
+    /// The parser for `keys` (`format`); `None`: JSON, then YAML.
+    pub format: Option<Format>,
+    /// Whether the whole secret is written to `path`: without `keys` and `versions`, and
+    /// with keys only when the entry sets its own `fileName`.
+    pub whole: bool,
+    /// `versions: N`: the files `path/0` (the current version), `path/1` (the one before
+    /// it), ... `path/N-1`; empty without `versions`.
+    pub history: Vec<FilePath>,
+    /// Whether its files are written (`writeFile`, default true); `false`: read by the
+    /// class's templates only.
+    pub write: bool,
+    /// Where this entry is read in the failover region: the same OCID, or the name in the
+    /// entry's (else the class's) `failoverVaultId`. `None` without `failoverRegion`.
+    pub failover: Option<SecretSource>,
+}
+
+impl SecretSpec {
+    /// Every file this entry writes.
+    pub fn files(&self) -> impl Iterator<Item = &FilePath> {
+        self.whole
+            .then_some(&self.path)
+            .into_iter()
+            .chain(self.keys.iter().map(|k| &k.path))
+            .chain(&self.history)
+    }
+}
 
 /// A secret entry with a field that only other kinds of entry take.
-pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
+pub(crate) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Result<(), ParamError> {
     match item.misplaced(EntryKind::Secret) {
         Some(field) => Err(ParamError::new(format!(
             "{RETRIEVE_PREFIX}: secrets[{index}].{field} applies to {}",
@@ -26,7 +82,7 @@ pub(super) fn refuse_certificate_fields(index: usize, item: &RawSecret) -> Resul
 /// (encoding, `keys`), then where it is read on failover. Each field is checked whatever
 /// the others gave (a field that needs the source waits for one); the problems go to
 /// `problems`.
-pub(super) fn check_secret(
+pub(crate) fn check(
     index: usize,
     item: &RawSecret,
     class_vault: Option<&str>,
@@ -43,9 +99,15 @@ pub(super) fn check_secret(
             .unwrap_or_default(),
     };
     let selector = problems.take(parse_selector(index, item, shown));
-    let path = source
-        .as_ref()
-        .and_then(|source| problems.take(secret_path(index, item, source)));
+    let path = match &source {
+        Some(source) => problems.take(secret_path(index, item, source)),
+        // Without a source the entry's own fileName is still checked: every problem of the
+        // entry is named at once, not one per run of `check`.
+        None => {
+            problems.take(own_file_name(index, item));
+            None
+        }
+    };
     let keys = secret_keys(index, item, problems);
     let failover = source
         .as_ref()
@@ -194,6 +256,18 @@ fn secret_path(
     Ok((field, path))
 }
 
+/// The entry's `fileName`, when it gives one, checked on its own.
+fn own_file_name(index: usize, item: &RawSecret) -> Result<(), ParamError> {
+    match item.file_name.as_deref().map(str::trim) {
+        Some(name) if !name.is_empty() => FilePath::new(name).map(drop).map_err(|e| {
+            ParamError::new(format!(
+                "{RETRIEVE_PREFIX}: invalid file name: secrets[{index}].fileName: {e}"
+            ))
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `keys` (not empty when given, each item checked) and the `format` they are read with
 /// (only with keys).
 fn secret_keys(
@@ -316,7 +390,7 @@ fn check_key(index: usize, k: usize, raw: &RawKey) -> Result<KeySpec, ParamError
     })
 }
 
-pub(super) fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamError> {
+pub(crate) fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding, ParamError> {
     match raw.map(str::trim) {
         None | Some("") => Ok(Encoding::Utf8),
         Some(e) if e.eq_ignore_ascii_case("utf-8") || e.eq_ignore_ascii_case("utf8") => {
@@ -329,4 +403,83 @@ pub(super) fn parse_encoding(index: usize, raw: Option<&str>) -> Result<Encoding
             quote(e)
         ))),
     }
+}
+
+/// How `check` names the secret, and its vault.
+pub(crate) fn source_and_vault(spec: &SecretSpec) -> (String, String) {
+    let (mut source, vault) = match &spec.source {
+        SecretSource::Name { name, vault_id } => (format!("secret {name:?}"), vault_id.clone()),
+        SecretSource::Id(id) => (format!("secret {id}"), String::new()),
+    };
+    if !spec.write {
+        source.push_str(" (read by templates, not written)");
+    }
+    (source, vault)
+}
+
+/// The version `check` says a selector reads.
+pub(crate) fn selector_text(selector: &VersionSelector) -> String {
+    match selector {
+        VersionSelector::Stage(stage) => format!("stage {stage}"),
+        VersionSelector::Number(n) => format!("version {n}"),
+        VersionSelector::Name(n) => format!("version name {n:?}"),
+    }
+}
+
+/// The entry's files as `check` shows them: each `keys` item's, then the whole secret's.
+pub(crate) fn describe(spec: &SecretSpec) -> Vec<FileDescription> {
+    let (source, vault) = source_and_vault(spec);
+    let file = |path: &FilePath, mode: Option<csi_grpc::FileMode>, key: &str| FileDescription {
+        path: path.as_str().to_owned(),
+        mode,
+        source: source.clone(),
+        vault: vault.clone(),
+        selector: selector_text(&spec.selector),
+        key: key.to_owned(),
+        encoding: spec.encoding.as_str().to_owned(),
+        written: spec.write,
+        selection: None,
+    };
+    let mut files: Vec<FileDescription> = spec
+        .keys
+        .iter()
+        .map(|key| file(&key.path, key.mode.or(spec.mode), &key.key))
+        .collect();
+    if spec.whole {
+        files.push(file(&spec.path, spec.mode, ""));
+    }
+    files
+}
+
+/// The files the entry claims in the class: each key's, the whole secret's (a duplicate
+/// is named after the field it comes from: `fileName` or the secret's name), each
+/// version's.
+pub(crate) fn claims<'a>(
+    spec: &'a SecretSpec,
+    item: &RawSecret,
+) -> Vec<(&'a FilePath, Option<usize>, &'static str)> {
+    let mut claims: Vec<(&FilePath, Option<usize>, &'static str)> = spec
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(k, key)| (&key.path, Some(k), "duplicated fileName name"))
+        .collect();
+    if spec.whole {
+        let from_file_name = item
+            .file_name
+            .as_deref()
+            .is_some_and(|f| !f.trim().is_empty());
+        let what = if from_file_name {
+            "duplicated fileName name"
+        } else {
+            "duplicated secret name"
+        };
+        claims.push((&spec.path, None, what));
+    }
+    claims.extend(
+        spec.history
+            .iter()
+            .map(|p| (p, None, "duplicated file name")),
+    );
+    claims
 }

@@ -1,23 +1,50 @@
-//! A `versions: N` entry: its current version like any secret entry (the failover region
-//! included), then the secret's versions listed (ListSecretBundleVersions, newest first) in
-//! the region that served it, then each older version by OCID and number, at once, each
-//! under its own fan-out permit and through the byte budget. Every version is cached like
-//! any bundle (by number, so for as long as the cache keeps it); fewer versions than asked
-//! mount what exists.
+//! Version histories (`versions: N` on a `name` or `secretId` entry): the current version
+//! fetched as a secret entry's, the secret's versions listed (ListSecretBundleVersions,
+//! within the mount's pages), then each older version fetched, each written whole to
+//! `path/k`. The entry is checked as a secret entry is (`secret.rs`: its `versions`).
 
 use futures_util::FutureExt as _;
+use tracing::Instrument;
 
-use super::entries::{
-    EntryOutcome, MountRun, bundle_files, fetch_bundle, gather_parts, list, metered,
+use super::FileDescription;
+use super::run::{EntryOutcome, MountRun, Running, Start, Targets, gather_parts, list};
+use super::secret::{
+    SecretSpec, bundle_files, fetch_bundle, metered, secret_requests, source_and_vault,
 };
-use super::targets::Targets;
 use crate::contract::{ListingService, SecretsService};
 use crate::layers::budget::Metered;
 use crate::layers::failover::{ServedBy, WithFailover};
-use crate::params::SecretSpec;
+
+/// The entry ready to start: it then waits for a fan-out permit.
+pub(crate) fn start<'a, V: SecretsService, L: ListingService>(
+    run: &'a MountRun<'_>,
+    (secrets, listings): (&'a V, &'a L),
+    spec: &'a SecretSpec,
+    targets: &'a Targets,
+) -> Start<'a> {
+    Box::new(move || {
+        let span = tracing::info_span!(
+            "fetch secret",
+            entry = spec.index,
+            secret = %bounded::quote(spec.source.display()),
+            versions = spec.history.len(),
+            region = tracing::field::Empty,
+            lookup = tracing::field::Empty,
+            listing = tracing::field::Empty,
+            oci.request_id = tracing::field::Empty,
+            error.kind = tracing::field::Empty,
+        );
+        let requests = secret_requests(spec, targets, run.request.deadline);
+        let services = (secrets.clone(), listings.clone());
+        let recorded = span.clone();
+        let entry =
+            async move { versions_entry(run, services, spec, requests, targets, &recorded).await };
+        Box::pin(entry.instrument(span)) as Running<'a>
+    })
+}
 
 /// One `versions` entry; what happened goes into `span`.
-pub(super) async fn versions_entry<V: SecretsService, L: ListingService>(
+async fn versions_entry<V: SecretsService, L: ListingService>(
     run: &MountRun<'_>,
     (secrets, listings): (V, L),
     spec: &SecretSpec,
@@ -106,4 +133,33 @@ fn version(spec: &SecretSpec, k: usize) -> SecretSpec {
         history: Vec::new(),
         ..spec.clone()
     }
+}
+
+/// What the `k`th file of a version history holds.
+fn history_selector(k: usize) -> String {
+    match k {
+        0 => "the current version".to_owned(),
+        1 => "the version before the current".to_owned(),
+        k => format!("{k} versions before the current"),
+    }
+}
+
+/// The entry's files as `check` shows them: one a version, the current first.
+pub(crate) fn describe(spec: &SecretSpec) -> Vec<FileDescription> {
+    let (source, vault) = source_and_vault(spec);
+    spec.history
+        .iter()
+        .enumerate()
+        .map(|(k, path)| FileDescription {
+            path: path.as_str().to_owned(),
+            mode: spec.mode,
+            source: source.clone(),
+            vault: vault.clone(),
+            selector: history_selector(k),
+            key: String::new(),
+            encoding: spec.encoding.as_str().to_owned(),
+            written: spec.write,
+            selection: None,
+        })
+        .collect()
 }
