@@ -2,7 +2,10 @@
 #![allow(clippy::print_stdout)] // reason: a command-line tool reporting to its user
 #![allow(clippy::disallowed_methods)] // reason: the project's own files, not tenant input
 
+mod artefacts;
 mod compat;
+#[cfg(test)]
+mod cycles;
 mod demo;
 mod deps;
 mod dist;

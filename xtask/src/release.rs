@@ -9,6 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::artefacts;
 use crate::dist;
 use crate::image::LockMode;
 use crate::procs::root;
@@ -219,7 +220,7 @@ fn preflight(root: &Path, version: &str) -> anyhow::Result<String> {
         bail!("tag {tag} already exists");
     }
     let new = parse_version(version)?;
-    let previous = dist::workspace_version(root)?;
+    let previous = artefacts::workspace_version(root)?;
     if new <= parse_version(&previous)? {
         bail!("version {version} is not above the current {previous}");
     }
@@ -248,7 +249,7 @@ pub(crate) fn release(
         "bumped {previous} -> {version}, {} commits in the changelog",
         commits.len()
     )];
-    let cargo = dist::cargo();
+    let cargo = artefacts::cargo();
     let run = |what: &str, program: &str, args: &[&str]| -> anyhow::Result<()> {
         println!("release: {what}");
         let mut command = Command::new(program);
@@ -326,7 +327,11 @@ pub(crate) fn release(
             Some(LockMode::Strict),
         )?;
         artefacts = built.artefacts;
-        steps_run.push(format!("built {} for {}", dist::BINARY, targets.join(", ")));
+        steps_run.push(format!(
+            "built {} for {}",
+            artefacts::BINARY,
+            targets.join(", ")
+        ));
         if let Some(built) = built.image {
             let reference = built.reference();
             pin_image(dir, version, &built.digest)?;
@@ -382,7 +387,7 @@ pub(crate) fn release(
 /// Pins the chart's own image (Chart.yaml's annotation), the plain manifests' and the
 /// sync-controller block's to `digest`: `repository:tag@digest`.
 pub(crate) fn pin_image(dir: &Path, version: &str, digest: &str) -> anyhow::Result<()> {
-    let image = format!("{}:{version}", dist::BINARY);
+    let image = format!("{}:{version}", artefacts::BINARY);
     for file in [CHART, PLAIN, SIDECAR] {
         let path = dir.join(file);
         if !path.exists() {
@@ -483,7 +488,7 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     std::fs::write(&manifest, out)?;
     changed.push("Cargo.toml".to_owned());
     // Cargo.lock follows the workspace's versions.
-    let status = Command::new(dist::cargo())
+    let status = Command::new(artefacts::cargo())
         .current_dir(dir)
         .args(["update", "--workspace", "--offline", "--quiet"])
         .status()?;
@@ -499,8 +504,8 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
         // The annotation naming the chart's own image: the new tag, the old digest dropped.
         let text = retag(
             &text,
-            &format!("{}:{previous}", dist::BINARY),
-            &format!("{}:{version}", dist::BINARY),
+            &format!("{}:{previous}", artefacts::BINARY),
+            &format!("{}:{version}", artefacts::BINARY),
         );
         for line in text.split_inclusive('\n') {
             if line.starts_with("version: ") {
@@ -523,8 +528,8 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
         // the image is built).
         let replaced = retag(
             &text,
-            &format!("{}:{previous}", dist::BINARY),
-            &format!("{}:{version}", dist::BINARY),
+            &format!("{}:{previous}", artefacts::BINARY),
+            &format!("{}:{version}", artefacts::BINARY),
         )
         .replace(
             &format!("app.kubernetes.io/version: {previous}\n"),
@@ -535,11 +540,11 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
             &format!("app.kubernetes.io/version: '{version}'"),
         )
         .replace(
-            &format!("{}-{previous}", dist::BINARY),
-            &format!("{}-{version}", dist::BINARY),
+            &format!("{}-{previous}", artefacts::BINARY),
+            &format!("{}-{version}", artefacts::BINARY),
         );
         if replaced == text {
-            bail!("{PLAIN} names no {}:{previous} image", dist::BINARY);
+            bail!("{PLAIN} names no {}:{previous} image", artefacts::BINARY);
         }
         std::fs::write(&plain, replaced)?;
         changed.push(PLAIN.to_owned());
@@ -547,10 +552,10 @@ fn bump(dir: &Path, previous: &str, version: &str) -> anyhow::Result<Vec<String>
     let sidecar = dir.join(SIDECAR);
     if sidecar.exists() {
         let text = std::fs::read_to_string(&sidecar)?;
-        let image = |v: &str| format!("{}:{v}", dist::BINARY);
+        let image = |v: &str| format!("{}:{v}", artefacts::BINARY);
         let replaced = retag(&text, &image(previous), &image(version));
         if replaced == text {
-            bail!("{SIDECAR} names no {}:{previous} image", dist::BINARY);
+            bail!("{SIDECAR} names no {}:{previous} image", artefacts::BINARY);
         }
         std::fs::write(&sidecar, replaced)?;
         changed.push(SIDECAR.to_owned());
@@ -752,7 +757,7 @@ mod tests {
             "providerContainer:\n  - image: ghcr.io/x/oci-secrets-store-csi-driver-provider:0.1.0\n",
         );
         write(".gitignore", "/target\n");
-        let status = Command::new(dist::cargo())
+        let status = Command::new(artefacts::cargo())
             .current_dir(dir)
             .args(["generate-lockfile", "--offline", "--quiet"])
             .status()

@@ -600,7 +600,7 @@ fn paced_message(
 }
 
 fn issuer_keys_message(namespace: &str, service_account: &str, kind: ErrorKind) -> String {
-    use crate::issuer::{DISCOVERY_PATH, JWKS_PATH};
+    use crate::oidc::{DISCOVERY_PATH, JWKS_PATH};
     let grant = match kind {
         ErrorKind::PermissionDenied | ErrorKind::NotFound => format!(
             ": grant the provider's service account the ClusterRole \

@@ -29,6 +29,7 @@ mod jwt;
 mod key;
 mod kube;
 mod node;
+mod oidc;
 mod principals;
 mod remote;
 mod session;

@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 use super::tar::{Entry, Tree};
-use crate::dist::sha256_hex;
+use crate::artefacts::sha256_hex;
 
 /// Always in the base layer, whatever the binary links: the CA bundle's source and
 /// os-release's.

@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::tar::{Entry, Tree, gzip};
-use crate::dist::sha256_hex;
+use crate::artefacts::sha256_hex;
 
 pub(crate) const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 pub(crate) use debian::{LockMode, Package};
 
-use crate::dist::{self, BINARY};
+use crate::artefacts::{self, BINARY};
 use crate::procs::root;
 
 /// Where the chart and the sync-controller block pull the image from.
@@ -92,7 +92,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         binary,
         out,
         cache: target_dir.join("image-debs"),
-        version: dist::workspace_version(&root)?,
+        version: artefacts::workspace_version(&root)?,
         mode,
     };
     let built = build(&options)?;
@@ -167,7 +167,7 @@ fn reproduce_elsewhere(options: &Options, digest: &str) -> anyhow::Result<()> {
 
 /// `cargo build --release --locked` of the provider, its build paths remapped; its path.
 fn build_release(root: &Path, target_dir: &Path) -> anyhow::Result<PathBuf> {
-    let mut command = Command::new(dist::cargo());
+    let mut command = Command::new(artefacts::cargo());
     command
         .current_dir(root)
         .args(["build", "--release", "--locked", "-p", BINARY]);
@@ -452,8 +452,9 @@ mod tests {
             Package::for_tests("libc6", "2.36-9+deb12u14", Some("glibc")),
             Package::for_tests("libgcc-s1", "1:12.2.0-14", None),
         ];
-        let host = dist::host_target().unwrap();
-        let bom = dist::sbom_json(&root(), &host, "9.9.9", sbom_components(&packages)).unwrap();
+        let host = artefacts::host_target().unwrap();
+        let bom =
+            artefacts::sbom_json(&root(), &host, "9.9.9", sbom_components(&packages)).unwrap();
         let bom: Value = serde_json::from_str(&bom).unwrap();
         let find = |name: &str| {
             bom["components"]

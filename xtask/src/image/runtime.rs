@@ -16,7 +16,7 @@ use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 
 use super::Built;
-use crate::dist::BINARY;
+use crate::artefacts::BINARY;
 use crate::procs::{Emulator, build_emulator, free_port, mount_request};
 
 /// Where the chart mounts the socket directory in the container (`provider.endpoint`).

@@ -10,7 +10,14 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Deserialize;
 
-use super::jws::Alg;
+/// A signature algorithm this provider verifies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alg {
+    /// RSASSA-PKCS1-v1_5 with SHA-256, keys of 2048 to 8192 bits.
+    Rs256,
+    /// ECDSA on P-256 with SHA-256, the signature as `r || s`.
+    Es256,
+}
 
 /// The most keys a key set may list (Kubernetes publishes one per signing or verifying key
 /// file; a handful).

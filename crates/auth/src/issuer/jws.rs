@@ -8,16 +8,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::Value;
 
 use super::Refusal;
+use super::jwks::{Alg, Key};
 use crate::jwt;
-
-/// A signature algorithm this provider verifies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Alg {
-    /// RSASSA-PKCS1-v1_5 with SHA-256, keys of 2048 to 8192 bits.
-    Rs256,
-    /// ECDSA on P-256 with SHA-256, the signature as `r || s`.
-    Es256,
-}
 
 /// A token split and its header read; nothing is trusted yet.
 #[derive(Debug)]
@@ -76,7 +68,7 @@ impl<'a> Jws<'a> {
     }
 
     /// Checks the signature with `key` (parsed for this token's algorithm).
-    pub(crate) fn verify(&self, key: &super::jwks::Key) -> Result<(), Refusal> {
+    pub(crate) fn verify(&self, key: &Key) -> Result<(), Refusal> {
         verify_with(key.public(), self.signing_input, &self.signature)
     }
 }

@@ -36,11 +36,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use crate::error::{AuthError, Endpoint};
 use crate::jwt;
 use crate::kube::KubeApi;
-
-/// The issuer's discovery document (its `issuer` is what tokens carry as `iss`).
-pub(crate) const DISCOVERY_PATH: &str = "/.well-known/openid-configuration";
-/// The issuer's public keys (JWKS).
-pub(crate) const JWKS_PATH: &str = "/openid/v1/jwks";
+use crate::oidc::{DISCOVERY_PATH, JWKS_PATH};
 
 /// How long the issuer and its keys are used before they are read again.
 const KEYS_TTL: Duration = Duration::from_secs(3600);
