@@ -81,7 +81,7 @@ async fn mounts(
         version.runtime_version,
         provider.socket.display()
     );
-    let secrets = "- name: db-password\n- name: db-password\n  versionNumber: 1\n  fileName: db-password.v1\n- name: tls-key\n  fileName: tls/key.bin\n- certificateId: ocid1.certificate.oc1.iad.demoweb\n  privateKey: true\n  directory: web-tls\n";
+    let secrets = SECRETS;
     for &(label, pod, auth_type) in pods {
         let class = format!("demo-{auth_type}");
         let vault = "ocid1.vault.oc1.iad.demo";
@@ -94,6 +94,7 @@ async fn mounts(
         let attributes = json!({
             "secrets": secrets,
             "vaultId": vault,
+            "compartmentId": COMPARTMENT,
             "authType": auth_type,
             "secretProviderClass": class,
             "csi.storage.k8s.io/pod.name": pod,
@@ -130,7 +131,9 @@ async fn mounts(
                         .collect();
                     format!("PEM, {} bytes: {}", text.len(), labels.join(" + "))
                 }
-                Ok(text) if !text.chars().any(char::is_control) => format!("{text:?}"),
+                Ok(text) if !text.chars().any(|c| c.is_control() && c != '\n') => {
+                    format!("{text:?}")
+                }
                 _ => format!("{} bytes: {}", file.contents.len(), hex(&file.contents)),
             };
             println!("   {} (mode {:o}) = {shown}", path.display(), file.mode);
@@ -152,12 +155,40 @@ async fn mounts(
     Ok(())
 }
 
+/// The compartment of the secrets the class selects by tag.
+const COMPARTMENT: &str = "ocid1.compartment.oc1..aaaaaaaademocompartment";
+
+/// The class's entries: one of every kind (`provider::KINDS`): secrets (whole, a version by
+/// number, one to a file of its own), a version history, a certificate with its key, a
+/// selection by tag, and a template made of the others.
+pub(crate) const SECRETS: &str = "\
+- name: db-password
+- name: db-password
+  versionNumber: 1
+  fileName: db-password.v1
+- name: db-password
+  versions: 2
+  fileName: db-password-history
+- name: tls-key
+  fileName: tls/key.bin
+- certificateId: ocid1.certificate.oc1.iad.demoweb
+  privateKey: true
+  directory: web-tls
+- tag: team=demo
+  directory: config
+- fileName: app.env
+  template: |
+    DB_PASSWORD={{ text(\"db-password\") }}
+    DB_PASSWORD_BEFORE={{ text(\"db-password-history/1\") }}
+";
+
 /// The SecretProviderClass a pod of the demo mounts, as a user writes it.
 fn class_manifest(name: &str, vault: &str, auth_type: &str, secrets: &str) -> String {
     let mut out = format!(
         "   apiVersion: secrets-store.csi.x-k8s.io/v1\n   kind: SecretProviderClass\n   \
          metadata: {{ name: {name}, namespace: demo }}\n   spec:\n     provider: oci\n     \
-         parameters:\n       vaultId: {vault}\n       authType: {auth_type}\n       secrets: |\n"
+         parameters:\n       vaultId: {vault}\n       compartmentId: {COMPARTMENT}\n       \
+         authType: {auth_type}\n       secrets: |\n"
     );
     for line in secrets.lines() {
         out.push_str("         ");

@@ -621,3 +621,55 @@ async fn a_tag_selecting_no_secret_fails_the_mount_as_a_missing_secret_does() {
         )
     );
 }
+
+/// The class `cargo xtask demo` mounts (its `SECRETS`, read from the source).
+fn demo_class() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let demo = std::fs::read_to_string(root.join("xtask/src/demo.rs")).unwrap();
+    let start = demo
+        .find("pub(crate) const SECRETS: &str = \"\\\n")
+        .expect("the demo's SECRETS");
+    let text = &demo[start..];
+    let text = &text[text.find('\n').unwrap() + 1..];
+    let end = text.find("\";\n").expect("the end of SECRETS");
+    text[..end].replace("\\\"", "\"").replace("\\\\", "\\")
+}
+
+/// A new kind is a module and an arm of `Entry`; what would be forgotten besides is held
+/// here: `check` describes it, the README's table of kinds lists it with the fields that
+/// make it, and the demo mounts one.
+#[test]
+fn every_entry_kind_is_described_by_check_listed_in_the_readme_and_mounted_by_the_demo() {
+    let mut attributes = crate::params::attrs(&demo_class(), &[]);
+    attributes.insert("compartmentId".into(), COMPARTMENT.into());
+    let params = MountParameters::parse(&attributes, &crate::params::pod()).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let table: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| kind | made by |"))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert!(table.len() > 2, "the README's table of entry kinds");
+    for (kind, fields) in oci_csi_provider::KINDS {
+        let entries: Vec<&oci_csi_provider::Entry> =
+            params.entries.iter().filter(|e| e.kind() == kind).collect();
+        assert!(!entries.is_empty(), "the demo mounts no {kind} entry");
+        for entry in entries {
+            assert!(
+                !entry.describe().is_empty(),
+                "check describes no file of {entry:?}"
+            );
+        }
+        let row = table
+            .iter()
+            .find(|row| row.starts_with(&format!("| {kind} |")))
+            .unwrap_or_else(|| panic!("the README's table of kinds has no row for {kind}"));
+        for field in fields {
+            assert!(
+                row.contains(&format!("`{field}`")),
+                "{kind}: {field} not in {row}"
+            );
+        }
+    }
+}
