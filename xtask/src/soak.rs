@@ -30,6 +30,9 @@ const HELP: &str =
                     the bundle cache fills and evicts (default 0: the 3 small secrets)
   --secret-bytes B  size of each distinct secret (default 4096)
   --ttl SECONDS     cache.bundle_ttl_seconds of the provider (default: its default, 30)
+  --provider-bin PATH
+                    the provider binary to run (an older build, for a before figure in the
+                    same sitting; default: this workspace's)
   --jemalloc        build the provider with jemalloc as its allocator (feature `jemalloc`)
   --plot FILE       also draw the run as an SVG chart (RSS, open upstream connections, p99
                     against mounts completed) with the Go provider's rig figures beside it
@@ -57,6 +60,7 @@ struct Options {
     provider_env: Vec<(String, String)>,
     plot: Option<std::path::PathBuf>,
     baseline: std::path::PathBuf,
+    provider_bin: Option<std::path::PathBuf>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -76,6 +80,7 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         provider_env: Vec::new(),
         plot: None,
         baseline: root().join("docs").join("soak").join("go-workload-1.csv"),
+        provider_bin: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -87,6 +92,9 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         };
         match arg.as_str() {
             "--mounts" => o.mounts = value("--mounts")?,
+            "--provider-bin" => {
+                o.provider_bin = Some(it.next().context("--provider-bin needs a path")?.into())
+            }
             "--concurrency" => o.concurrency = value("--concurrency")?.max(1),
             "--secrets" => o.secrets = value("--secrets")?.clamp(1, 3),
             "--identities" => o.identities = value("--identities")?.max(1),
@@ -276,7 +284,10 @@ async fn soak(bin: &Path, options: &Options) -> anyhow::Result<()> {
     for (k, v) in &options.provider_env {
         env.push((k.as_str(), v.as_str()));
     }
-    let provider = Provider::start(bin, &emulator.config, &dir, &env).await?;
+    let provider = match &options.provider_bin {
+        Some(path) => Provider::start_binary(path, &emulator.config, &dir, &env).await?,
+        None => Provider::start(bin, &emulator.config, &dir, &env).await?,
+    };
     let result = measure(&provider, options).await;
     let stopped = provider.stop().await;
     emulator.stop().await;
