@@ -12,10 +12,13 @@
 //!
 //! - server-to-client bytes pass untouched; the server's SETTINGS are read as they pass,
 //!   and take effect when the client acknowledges them, as they do for the server;
-//! - client-to-server frames pass untouched, except HEADERS and CONTINUATION: their header
-//!   block is decoded with one HPACK decoder per connection (dynamic table, Huffman, table
-//!   size updates, blocks split over CONTINUATION frames), and re-encoded as literals that
-//!   never touch the server's dynamic table, with `:authority` replaced by `localhost`
+//! - a connection whose first request already carries the configured authority
+//!   (`localhost`: grpc-go with `WithAuthority`, drivers since v1.6) passes untouched from
+//!   then on, its header blocks neither decoded nor re-encoded;
+//! - otherwise client-to-server frames pass untouched, except HEADERS and CONTINUATION: their
+//!   header block is decoded with one HPACK decoder per connection (dynamic table, Huffman,
+//!   table size updates, blocks split over CONTINUATION frames), and re-encoded as literals
+//!   that never touch the server's dynamic table, with `:authority` replaced by `localhost`
 //!   (inserted when a request has none), then split again to the server's maximum frame
 //!   size. Trailers are re-encoded unchanged.
 //! - A malformed frame sequence or HPACK block, a header block larger than the server's

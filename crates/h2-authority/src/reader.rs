@@ -136,8 +136,21 @@ struct Limits {
     max_header_list_size: usize,
 }
 
+/// What the connection's header blocks become, decided by its first one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// No header block yet.
+    Decide,
+    /// The first request carried the authority already: its block and every frame after it
+    /// pass untouched (the server's HPACK state stays the client's), decoded no more.
+    Pass,
+    /// Every header block is decoded and re-encoded as literals, `:authority` replaced.
+    Rewrite,
+}
+
 pub(crate) struct Reader {
     authority: Bytes,
+    mode: Mode,
     state: State,
     limits: Limits,
     decoder: Decoder<'static>,
@@ -169,6 +182,7 @@ impl Reader {
         decoder.set_max_allowed_table_size(DEFAULT_HEADER_TABLE_SIZE as usize);
         Self {
             authority: config.authority.clone(),
+            mode: Mode::Decide,
             state: State::Preface(0),
             limits: Limits {
                 max_frame_size: DEFAULT_MAX_FRAME_SIZE,
@@ -308,7 +322,7 @@ impl Reader {
             });
         }
         match head.kind {
-            HEADERS | CONTINUATION => {
+            HEADERS | CONTINUATION if self.mode != Mode::Pass => {
                 if head.len > self.limits.max_frame_size as usize {
                     return Err(RewriteError::FrameTooLarge {
                         kind: frame::kind_name(head.kind),
@@ -445,7 +459,9 @@ impl Reader {
     }
 
     /// Decodes a whole header block and writes it out again as literals, `:authority`
-    /// replaced, in frames the server accepts.
+    /// replaced, in frames the server accepts; or, for a connection's first block when it is
+    /// a request already carrying the authority (drivers since v1.6, the sync controller),
+    /// writes it as it came and lets every later frame pass untouched.
     fn rewrite(&mut self, block: Block) -> Result<(), RewriteError> {
         let limit = self.limits.max_header_list_size;
         let authority = &self.authority;
@@ -455,6 +471,8 @@ impl Reader {
         let mut request = false;
         let mut authority_written = false;
         let mut in_pseudo = true;
+        let mut authorities = 0usize;
+        let mut authority_is_ours = false;
         let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
             if over {
                 return;
@@ -478,6 +496,8 @@ impl Reader {
                 request = true;
             }
             if &*name == b":authority" {
+                authorities += 1;
+                authority_is_ours = *value == authority[..];
                 literal(&mut encoded, &name, authority);
                 authority_written = true;
             } else {
@@ -495,6 +515,19 @@ impl Reader {
                 stream: block.stream,
                 limit,
             });
+        }
+        if self.mode == Mode::Decide {
+            // Once a block is re-encoded (its fields kept out of the server's dynamic table)
+            // the client's and the server's tables differ: the decision is for good.
+            self.mode = if request && authorities == 1 && authority_is_ours {
+                Mode::Pass
+            } else {
+                Mode::Rewrite
+            };
+        }
+        if self.mode == Mode::Pass {
+            self.frames(&block, &block.fragment);
+            return Ok(());
         }
         if request && !authority_written {
             literal(&mut encoded, b":authority", authority);

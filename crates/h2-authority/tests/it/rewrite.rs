@@ -61,11 +61,10 @@ async fn a_literal_socket_path_becomes_localhost() {
 }
 
 #[tokio::test]
-async fn percent_encoded_empty_and_valid_authorities_become_localhost() {
+async fn percent_encoded_empty_and_other_authorities_become_localhost() {
     for authority in [
         &b"%2Fvar%2Frun%2Fsecrets-store-csi-providers%2Foci.sock"[..],
         b"",
-        b"localhost",
         b"provider.example:443",
     ] {
         let blocks = rewritten(&[frame(HEADERS, END_HEADERS, 1, &request(Some(authority)))]).await;
@@ -563,4 +562,45 @@ async fn bytes_arriving_one_at_a_time_give_the_same_result() {
     server.read_to_end(&mut out).await.unwrap();
     writer.await.unwrap();
     assert_eq!(out, whole);
+}
+
+/// Drivers since v1.6 and the sync controller send `:authority localhost` already: their
+/// connections' header blocks reach the server as they came, later requests indexing the
+/// client's dynamic table included (no decoding, no re-encoding: the cached mount's path).
+#[tokio::test]
+async fn a_connection_whose_first_request_carries_the_authority_passes_untouched() {
+    let mut first = Vec::new();
+    hpack::request_start(&mut first, PATH);
+    hpack::incremental_indexed_name(&mut first, 1, b"localhost");
+    hpack::incremental(&mut first, b"user-agent", b"grpc-go/1.62.1");
+    hpack::grpc_tail(&mut first);
+    let mut later = Vec::new();
+    hpack::request_start(&mut later, PATH);
+    hpack::indexed(&mut later, 63);
+    hpack::indexed(&mut later, 62);
+    hpack::grpc_tail(&mut later);
+    let frames: Vec<_> = std::iter::once(frame(HEADERS, END_HEADERS, 1, &first))
+        .chain((1..20).map(|i| frame(HEADERS, END_HEADERS, 1 + 2 * i, &later)))
+        .chain(std::iter::once(frame(0x0, END_STREAM, 39, b"\0\0\0\0\0")))
+        .collect();
+    let out = Pipe::new().through(&connection(&frames)).await.unwrap();
+    assert_eq!(out, connection(&frames), "byte for byte");
+    // A first request with another authority makes the connection's blocks rewritten.
+    let mut other = Vec::new();
+    hpack::request_start(&mut other, PATH);
+    hpack::incremental_indexed_name(&mut other, 1, SOCKET_PATH);
+    hpack::grpc_tail(&mut other);
+    let mut again = Vec::new();
+    hpack::request_start(&mut again, PATH);
+    hpack::indexed(&mut again, 62);
+    hpack::grpc_tail(&mut again);
+    let blocks = rewritten(&[
+        frame(HEADERS, END_HEADERS, 1, &other),
+        frame(HEADERS, END_HEADERS, 3, &again),
+    ])
+    .await;
+    assert_eq!(
+        blocks,
+        vec![(1, expected_request()), (3, expected_request())]
+    );
 }
