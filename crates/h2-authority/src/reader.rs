@@ -223,6 +223,11 @@ impl Reader {
             if self.eof {
                 return Poll::Ready(Ok(()));
             }
+            // Raw (a connection that passes, or not HTTP/2) with nothing buffered: the
+            // client's bytes go straight to the server's buffer.
+            if matches!(self.state, State::Raw) && self.input.is_empty() {
+                return Pin::new(&mut *io).poll_read(cx, buf);
+            }
             let start = self.input.len();
             let want = match self.state {
                 State::Payload(head) => (head.len + HEAD_LEN).saturating_sub(start).max(READ_CHUNK),
@@ -298,7 +303,12 @@ impl Reader {
                     self.input.advance(HEAD_LEN);
                     let payload = self.input.split_to(head.len);
                     self.header_frame(head, &payload)?;
-                    self.state = State::Head;
+                    // A connection that passes needs no frame read again: raw from here.
+                    self.state = if self.mode == Mode::Pass {
+                        State::Raw
+                    } else {
+                        State::Head
+                    };
                 }
             }
         }
