@@ -12,6 +12,7 @@ mod dist;
 mod fuzz;
 mod hostile;
 mod image;
+mod instructions;
 mod plot;
 mod procs;
 mod release;
@@ -40,6 +41,9 @@ commands:
   hostile [options] what hostile documents (YAML aliases in the secrets parameter, nested
                      anchors in a secret read for keys) cost the release binary: N mounts
                      at once, peak RSS before and after; `cargo xtask hostile --help`
+  instructions [options]
+                     instructions a mount costs (cached, uncached) under callgrind, and
+                     where they go; `cargo xtask instructions --help`
   compat [options]   the real grpc-go client against the provider and the emulator, dialled
                      as drivers v1.0-v1.5 (socket path as :authority) and v1.6 (localhost):
                      Mount latency p50/p99 per mode; `cargo xtask compat --help`
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest.iter().any(|a| a == "--release")),
         Some("soak") => soak::run(rest),
         Some("hostile") => hostile::run(rest),
+        Some("instructions") => instructions::run(rest),
         Some("storm") => storm::run(rest),
         Some("compat") => compat::run(rest),
         Some("fuzz") => fuzz::run(rest),

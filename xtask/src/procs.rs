@@ -154,11 +154,32 @@ impl Provider {
         dir: &Path,
         extra_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        Self::start_wrapped(&[], binary, config, dir, extra_env, Duration::from_secs(30)).await
+    }
+
+    /// [`Provider::start_binary`] run by `wrapper` (`valgrind --tool=callgrind ...`), ready
+    /// within `ready`.
+    pub(crate) async fn start_wrapped(
+        wrapper: &[String],
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        extra_env: &[(&str, &str)],
+        ready: Duration,
+    ) -> anyhow::Result<Self> {
         let socket = dir.join("oci.sock");
         // A socket left by a run that was killed would pass for this provider's readiness.
         let _ = std::fs::remove_file(&socket);
         let (healthz_port, metrics_port) = (free_port()?, free_port()?);
-        let mut child = Command::new(binary)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
             .arg("--config")
             .arg(config)
             .arg(format!("--endpoint=unix://{}", socket.display()))
@@ -174,7 +195,7 @@ impl Provider {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start the provider {}", binary.display()))?;
-        wait_until(Duration::from_secs(30), "the provider is ready", || {
+        wait_until(ready, "the provider is ready", || {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(anyhow::anyhow!("the provider exited: {status}"));
             }
@@ -227,14 +248,19 @@ impl Provider {
     }
 
     /// Sends SIGTERM and waits for the exit.
-    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        self.stop_within(Duration::from_secs(30)).await
+    }
+
+    /// Sends SIGTERM and waits `within` for the exit.
+    pub(crate) async fn stop_within(mut self, within: Duration) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
             let _ = std::process::Command::new("kill")
                 .arg("-TERM")
                 .arg(pid.to_string())
                 .status();
         }
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await??;
+        let status = tokio::time::timeout(within, self.child.wait()).await??;
         if !status.success() {
             bail!("the provider exited with {status}");
         }

@@ -236,8 +236,10 @@ pub struct MountContext {
     /// process budget.
     pub byte_budget: Option<crate::ByteBudget>,
     /// Mounts rendering their templates at once, on the blocking pool: fewer than the
-    /// runtime's workers, so renders never hold them all (see `service/templates.rs`).
+    /// runtime's workers, so renders never hold them all (see `entries/template.rs`).
     pub template_renders: Arc<tokio::sync::Semaphore>,
+    /// The classes parsed lately, by their parameters: a republish is not parsed again.
+    pub classes: Arc<crate::classes::ParsedClasses>,
 }
 
 impl MountContext {
@@ -277,6 +279,7 @@ impl Default for MountContext {
             allowed_regions: Vec::new(),
             byte_budget: None,
             template_renders: Arc::new(tokio::sync::Semaphore::new(default_template_renders())),
+            classes: Arc::default(),
         }
     }
 }

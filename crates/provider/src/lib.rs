@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod budget;
+mod classes;
 mod contract;
 mod endpoints;
 mod entries;
@@ -21,6 +22,7 @@ mod service;
 pub mod template;
 
 pub use budget::{ByteBudget, Refusal, Reservation, Weigh};
+pub use classes::ParsedClasses;
 pub use contract::{
     BundleResponse, CertificateExpiry, CertificateService, IdentityService, ListingResponse,
     ListingService, MountContext, NoCertificates, NoListings, SecretsService,

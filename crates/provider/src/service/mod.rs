@@ -119,31 +119,34 @@ where
 
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
         let namespace = request.pod.namespace.as_deref().unwrap_or("");
-        // What parsing the parameters may allocate is held in the budget while it runs.
-        let attributes: usize = request
-            .attributes
-            .iter()
-            .map(|(key, value)| key.len() + value.len())
-            .sum();
-        let parsing = self.config.reserve(
-            namespace,
-            attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
-            "reading the SecretProviderClass parameters",
-        )?;
-        // A misspelt parameter is never fatal (the driver passes attributes of its own), but
-        // the operator reading the log is told what was meant.
-        for warning in MountParameters::warnings(&request.attributes) {
-            tracing::warn!(%warning, "SecretProviderClass parameter");
-        }
-        let params = MountParameters::parse_within(
-            &request.attributes,
-            &request.pod,
-            crate::params::ParseLimits {
-                max_secrets: self.config.max_secrets,
-                max_files: self.config.max_files,
-            },
-        )?;
-        drop(parsing);
+        let limits = crate::params::ParseLimits {
+            max_secrets: self.config.max_secrets,
+            max_files: self.config.max_files,
+        };
+        // A class parsed lately with these parameters is served as it was parsed; else it is
+        // parsed, what parsing may allocate held in the budget while it runs.
+        let params =
+            self.config
+                .classes
+                .get_or_parse(&request.attributes, &request.pod, limits, || {
+                    let attributes: usize = request
+                        .attributes
+                        .iter()
+                        .map(|(key, value)| key.len() + value.len())
+                        .sum();
+                    let _parsing = self.config.reserve(
+                        namespace,
+                        attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
+                        "reading the SecretProviderClass parameters",
+                    )?;
+                    // A misspelt parameter is never fatal (the driver passes attributes of its
+                    // own), but the operator reading the log is told what was meant.
+                    for warning in MountParameters::warnings(&request.attributes) {
+                        tracing::warn!(%warning, "SecretProviderClass parameter");
+                    }
+                    MountParameters::parse_within(&request.attributes, &request.pod, limits)
+                        .map_err(MountError::from)
+                })?;
         let auth_type = params.auth.auth_type();
         self.check_allowed_type(auth_type)?;
         if auth_type == crate::params::AuthType::Workload {

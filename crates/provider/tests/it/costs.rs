@@ -213,3 +213,34 @@ async fn a_mount_renders_only_with_a_permit_of_the_render_gate() {
     assert_eq!(response.files[0].contents.as_bytes(), b"v");
     assert_eq!(gate.available_permits(), 1, "the permit is given back");
 }
+
+#[tokio::test]
+async fn a_class_mounted_again_is_served_from_the_classes_parsed_lately() {
+    let classes = Arc::new(oci_csi_provider::ParsedClasses::new(8, 1 << 20));
+    let config = MountContext {
+        classes: classes.clone(),
+        ..crate::fakes::config()
+    };
+    let vault = Vault::default().with("f", bundle("v"));
+    let service = crate::fakes::mount(
+        Auth::default(),
+        vault,
+        oci_csi_provider::NoCertificates,
+        config,
+        None,
+    );
+    for _ in 0..3 {
+        let response = service
+            .clone()
+            .oneshot(request("- name: f\n"))
+            .await
+            .unwrap();
+        assert_eq!(response.files[0].contents.as_bytes(), b"v");
+    }
+    assert_eq!(classes.len_and_bytes().0, 1, "one class, parsed once");
+    service
+        .oneshot(request("- name: f\n  fileName: g\n"))
+        .await
+        .unwrap();
+    assert_eq!(classes.len_and_bytes().0, 2, "another class, parsed too");
+}
