@@ -1143,6 +1143,10 @@ async fn repeated_mounts_are_served_from_the_cache_and_logged() {
         .collect();
     assert_eq!(served.len(), 8, "{}", output.stderr);
     assert!(
+        served.iter().all(|l| l.contains("mount succeeded")),
+        "the audit is the mount's own line: {served:?}"
+    );
+    assert!(
         served.iter().any(
             |l| l.contains("ocid1.vaultsecret.oc1.iad.db version 2 (hit)")
                 && l.contains("service account storm/sa-1")

@@ -268,29 +268,13 @@ where
 
     async fn mount(
         &self,
-        request: tonic::Request<proto::MountRequest>,
+        request: Result<MountRequest, MountError>,
         span: &tracing::Span,
     ) -> Result<proto::MountResponse, MountError> {
-        let deadline = self.deadline(request.metadata());
-        let request = MountRequest::from_proto(request.into_inner(), deadline)?;
-        span.record(
-            "pod.namespace",
-            request.pod.namespace.as_deref().unwrap_or(""),
-        );
-        span.record("pod.name", request.pod.name.as_deref().unwrap_or(""));
-        span.record("caller", request.caller.as_str());
-        span.record(
-            "spc",
-            request
-                .attributes
-                .get("secretProviderClass")
-                .map(String::as_str)
-                .unwrap_or(""),
-        );
         let response = self
             .inner
             .clone()
-            .oneshot(request)
+            .oneshot(request?)
             .instrument(span.clone())
             .await?;
         self.to_proto(response)
@@ -377,9 +361,15 @@ where
         if let Some(observer) = &self.observer {
             observer.mount_started();
         }
-        // One span per mount; the mount service records `upstream_calls` in it, and the
-        // line below is logged in it (pod, result code, duration, files, upstream calls).
-        // OpenTelemetry RPC conventions (`rpc.*`); exported as the root span of a mount.
+        let deadline = self.deadline(request.metadata());
+        let request = MountRequest::from_proto(request.into_inner(), deadline);
+        let translated = request.as_ref().ok();
+        let pod = translated.map(|r| &r.pod);
+        // One span per mount, its fields set once as it is made (a request that does not
+        // translate has none of the pod's); the mount service records `upstream_calls` and
+        // `served_without_oci` in it, and the line below is logged in it (pod, result code,
+        // duration, files, upstream calls). OpenTelemetry RPC conventions (`rpc.*`);
+        // exported as the root span of a mount.
         let span = tracing::info_span!(
             "mount",
             otel.kind = "server",
@@ -387,12 +377,17 @@ where
             rpc.service = "v1alpha1.CSIDriverProvider",
             rpc.method = "Mount",
             rpc.grpc.status_code = tracing::field::Empty,
-            pod.namespace = tracing::field::Empty,
-            pod.name = tracing::field::Empty,
-            caller = tracing::field::Empty,
-            spc = tracing::field::Empty,
+            pod.namespace = pod.map(|p| p.namespace.as_deref().unwrap_or("")),
+            pod.name = pod.map(|p| p.name.as_deref().unwrap_or("")),
+            caller = translated.map(|r| r.caller.as_str()),
+            spc = translated.map(|r| {
+                r.attributes
+                    .get("secretProviderClass")
+                    .map_or("", String::as_str)
+            }),
             files = tracing::field::Empty,
             upstream_calls = tracing::field::Empty,
+            served_without_oci = tracing::field::Empty,
         );
         let result = CsiProvider::mount(self, request, &span).await;
         span.record(
@@ -416,7 +411,6 @@ where
             Ok(response) => {
                 tracing::info!(
                     code = "ok",
-                    files = response.files.len(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "mount succeeded"
                 );

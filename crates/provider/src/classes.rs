@@ -2,8 +2,11 @@
 //! on each rotation poll (v1.6's `RequiresRepublish`), with the same parameters, so a class is
 //! parsed (and its misspelt parameters warned about) once, not on every republish.
 //!
-//! An entry is found by a digest of the mount's attributes and the parse's inputs (the pod's
-//! namespace and service account given or not, the limits), then compared whole: a digest
+//! A class is its parameters: the attributes without a `/` in their name (the driver's
+//! `csi.storage.k8s.io/...` attributes of the pod are not read by the parse), so the pods of
+//! one Deployment share an entry, a new pod's first mount included. An entry is found by a
+//! digest of those and the parse's inputs (the pod's namespace and service account given or
+//! not, the limits), then compared whole: a digest
 //! shared by two classes never serves one for the other. Bounded in entries and in bytes
 //! (each weighed as its attributes, copied, and a parse's worth of them: ARCHITECTURE.md's
 //! cost model counts the bytes); the least recently used goes first. Only classes that parse
@@ -93,15 +96,14 @@ impl ParsedClasses {
             let now = state.clock;
             if let Some(kept) = state.entries.get_mut(&digest)
                 && kept.inputs == inputs
-                && kept.attributes == *attributes
+                && kept.attributes.iter().eq(class_parameters(attributes))
             {
                 kept.used = now;
                 return Ok(kept.params.clone());
             }
         }
         let params = Arc::new(parse()?);
-        let bytes: usize = attributes
-            .iter()
+        let bytes: usize = class_parameters(attributes)
             .map(|(k, v)| k.len() + v.len())
             .sum::<usize>()
             .saturating_mul(1 + crate::params::PARSE_BYTES_PER_BYTE);
@@ -143,7 +145,9 @@ impl ParsedClasses {
         state.entries.insert(
             digest,
             Kept {
-                attributes: attributes.clone(),
+                attributes: class_parameters(attributes)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
                 inputs,
                 params: params.clone(),
                 bytes,
@@ -159,10 +163,21 @@ impl ParsedClasses {
     }
 }
 
+/// The attributes the parse reads: the class's parameters, not the driver's attributes of
+/// the pod (`csi.storage.k8s.io/pod.name`, `.../pod.uid`, ...).
+fn class_parameters(
+    attributes: &BTreeMap<String, String>,
+) -> impl Iterator<Item = (&String, &String)> {
+    attributes.iter().filter(|(key, _)| !key.contains('/'))
+}
+
 fn digest(attributes: &BTreeMap<String, String>, inputs: Inputs) -> u64 {
     // Fixed keys: the digest only finds an entry, the entry is compared whole.
     let mut hasher = std::hash::DefaultHasher::new();
-    attributes.hash(&mut hasher);
+    for (key, value) in class_parameters(attributes) {
+        key.hash(&mut hasher);
+        value.hash(&mut hasher);
+    }
     inputs.hash(&mut hasher);
     hasher.finish()
 }
@@ -238,6 +253,48 @@ mod tests {
             );
         }
         assert_eq!(parses, 5);
+    }
+
+    #[test]
+    fn the_pods_of_one_class_share_its_entry_and_another_parameter_does_not() {
+        let classes = ParsedClasses::new(8, 1 << 20);
+        let limits = ParseLimits::default();
+        let mut parses = 0;
+        for pod in 0..5 {
+            let mut a = attrs("- name: a\n");
+            a.insert("csi.storage.k8s.io/pod.name".into(), format!("web-{pod}"));
+            a.insert("csi.storage.k8s.io/pod.uid".into(), format!("uid-{pod}"));
+            a.insert("secretProviderClass".into(), "app".into());
+            classes
+                .get_or_parse(&a, &Pod::default(), limits, || {
+                    parses += 1;
+                    parse(&a)
+                })
+                .unwrap();
+        }
+        assert_eq!(parses, 1, "five pods of one class are one parse");
+        // A parameter the parse does not read but has no `/` (another provider's, a
+        // misspelling warned about) still makes another class.
+        let mut a = attrs("- name: a\n");
+        a.insert("secretProviderClass".into(), "app".into());
+        a.insert("vaultid".into(), "misspelt".into());
+        classes
+            .get_or_parse(&a, &Pod::default(), limits, || {
+                parses += 1;
+                parse(&a)
+            })
+            .unwrap();
+        assert_eq!(parses, 2);
+        let (entries, bytes) = classes.len_and_bytes();
+        assert_eq!(entries, 2);
+        // Only the class parameters are weighed, not the pods' attributes.
+        let weight = |a: &BTreeMap<String, String>| -> usize {
+            a.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+                * (1 + crate::params::PARSE_BYTES_PER_BYTE)
+        };
+        let mut first = attrs("- name: a\n");
+        first.insert("secretProviderClass".into(), "app".into());
+        assert_eq!(bytes, weight(&first) + weight(&a));
     }
 
     #[test]

@@ -123,8 +123,10 @@ async fn gather(
 }
 
 /// Completes OCI's audit trail: reads answered from the cache (or by joining another
-/// mount's fetch) never reached OCI, so the provider's log says which, for whom; the
-/// mount's span counts the reads that did.
+/// mount's fetch) never reached OCI, so the provider's log says which, for whom. The
+/// mount's span counts the reads that did (`upstream_calls`) and, when it has the field
+/// (the gRPC edge's `mount` span does), takes the others as `served_without_oci`: the
+/// mount's one line then says it all. Under a span without it, they are a line of their own.
 fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
     let mut reads = 0;
     let mut shared = Vec::new();
@@ -147,13 +149,18 @@ fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
             }
         }
     }
-    tracing::Span::current().record("upstream_calls", reads - shared.len());
+    let span = tracing::Span::current();
+    span.record("upstream_calls", reads - shared.len());
     if shared.is_empty() {
         return;
     }
-    tracing::info!(
-        %credential,
-        served_without_oci = %shared.join(", "),
-        "secrets served from the provider's cache (OCI's audit log does not see these reads)"
-    );
+    let served = format!("{} as {credential}", shared.join(", "));
+    if span.field("served_without_oci").is_some() {
+        span.record("served_without_oci", served);
+    } else {
+        tracing::info!(
+            served_without_oci = served,
+            "secrets served from the provider's cache (OCI's audit log does not see these reads)"
+        );
+    }
 }
