@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
-use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::error::MountError;
@@ -308,7 +307,7 @@ fn json_position(err: &bounded::ParseError) -> String {
 fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> {
     const PREFIX: &str =
         "failed to unmarshal SecretProviderClass parameters or attributes provided by driver";
-    let object: serde_json::Map<String, Value> = bounded::json::from_str(json, &REQUEST_JSON)
+    let object: BTreeMap<String, JsonString> = bounded::json::from_str(json, &REQUEST_JSON)
         .map_err(|e| {
             MountError::invalid_argument(format!(
                 "{PREFIX}: attributes must be a JSON object of strings ({})",
@@ -318,15 +317,14 @@ fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> 
     let mut attributes = BTreeMap::new();
     for (key, value) in object {
         match value {
-            Value::String(s) => {
+            JsonString::Text(s) => {
                 attributes.insert(key, s);
             }
             // The value is not quoted: the tokens attribute carries credentials.
-            other => {
+            JsonString::Other(kind) => {
                 return Err(MountError::invalid_argument(format!(
-                    "{PREFIX}: attribute {} must be a string, not {}",
+                    "{PREFIX}: attribute {} must be a string, not {kind}",
                     bounded::quote(&key),
-                    json_type(&other)
                 )));
             }
         }
@@ -334,14 +332,61 @@ fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> 
     Ok(attributes)
 }
 
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// A JSON object's value that should be a string: the string, or what it was instead (read
+/// straight into the map, without a `serde_json::Value` of the document first).
+enum JsonString {
+    Text(String),
+    Other(&'static str),
+}
+
+impl<'de> Deserialize<'de> for JsonString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = JsonString;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<JsonString, E> {
+                Ok(JsonString::Text(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<JsonString, E> {
+                Ok(JsonString::Text(v))
+            }
+            fn visit_unit<E>(self) -> Result<JsonString, E> {
+                Ok(JsonString::Other("null"))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<JsonString, E> {
+                Ok(JsonString::Other("a boolean"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<JsonString, E> {
+                Ok(JsonString::Other("a number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<JsonString, E> {
+                Ok(JsonString::Other("a number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<JsonString, E> {
+                Ok(JsonString::Other("a number"))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<JsonString, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(JsonString::Other("an array"))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<JsonString, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(JsonString::Other("an object"))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -350,7 +395,7 @@ fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountErro
     if trimmed.is_empty() || trimmed == "null" {
         return Ok(BTreeMap::new());
     }
-    let object: serde_json::Map<String, Value> = bounded::json::from_str(trimmed, &REQUEST_JSON)
+    let object: BTreeMap<String, JsonString> = bounded::json::from_str(trimmed, &REQUEST_JSON)
         .map_err(|e| {
             MountError::invalid_argument(format!(
                 "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
@@ -360,14 +405,13 @@ fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountErro
     let mut secrets = BTreeMap::new();
     for (key, value) in object {
         match value {
-            Value::String(s) => {
+            JsonString::Text(s) => {
                 secrets.insert(key, SecretString::from(s));
             }
-            other => {
+            JsonString::Other(kind) => {
                 return Err(MountError::invalid_argument(format!(
-                    "failed to unmarshal node publish secrets: entry {} must be a string, not {}",
+                    "failed to unmarshal node publish secrets: entry {} must be a string, not {kind}",
                     bounded::quote(&key),
-                    json_type(&other)
                 )));
             }
         }
