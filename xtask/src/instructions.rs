@@ -20,12 +20,14 @@ use serde_json::json;
 use crate::procs::{Emulator, PROVIDER_BIN, Provider, build, mount_request, root};
 
 const USAGE: &str = "usage: cargo xtask instructions [--path cached|uncached] [--mounts A,B]
-                                  [--top N] [--provider-bin PATH]
+                                  [--top N] [--provider-bin PATH] [--log-level L]
 
   --path P            one path (default: both)
   --mounts A,B        the two runs' mounts after the warm-up (default 100,400)
   --top N             functions listed, by instructions a mount (default 20)
   --provider-bin PATH another build (an older release, for a before figure)
+  --log-level L       the provider's log.level (default info; warn: what a mount costs
+                      without its log line)
 
 Needs valgrind (Debian's package). Prints instructions per mount and where they go.";
 
@@ -34,6 +36,7 @@ struct Options {
     runs: (usize, usize),
     top: usize,
     provider_bin: Option<PathBuf>,
+    log_level: String,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
@@ -42,6 +45,7 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
         runs: (100, 400),
         top: 20,
         provider_bin: None,
+        log_level: "info".to_owned(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -64,6 +68,7 @@ fn parse(args: &[String]) -> anyhow::Result<Option<Options>> {
             }
             "--top" => o.top = value("--top")?.parse()?,
             "--provider-bin" => o.provider_bin = Some(value("--provider-bin")?.into()),
+            "--log-level" => o.log_level = value("--log-level")?.clone(),
             "-h" | "--help" => {
                 eprintln!("{USAGE}");
                 return Ok(None);
@@ -113,8 +118,9 @@ async fn measure(bin: &Path, provider: &Path, path: &str, options: &Options) -> 
     let emulator = Emulator::start(bin, &seed, &dir.join("emulator")).await?;
     let (a, b) = options.runs;
     let runs = async {
-        let first = one_run(provider, &emulator.config, &dir, path, a).await?;
-        let second = one_run(provider, &emulator.config, &dir, path, b).await?;
+        let level = options.log_level.as_str();
+        let first = one_run(provider, &emulator.config, &dir, (path, level), a).await?;
+        let second = one_run(provider, &emulator.config, &dir, (path, level), b).await?;
         anyhow::Ok((first, second))
     }
     .await;
@@ -164,12 +170,12 @@ async fn one_run(
     provider: &Path,
     config: &Path,
     dir: &Path,
-    path: &str,
+    (path, log_level): (&str, &str),
     mounts: usize,
 ) -> anyhow::Result<PathBuf> {
     let out = dir.join(format!("callgrind.{mounts}.out"));
     let _ = std::fs::remove_file(&out);
-    let mut env = vec![("OCI_PROVIDER_LOG__LEVEL", "info")];
+    let mut env = vec![("OCI_PROVIDER_LOG__LEVEL", log_level)];
     if path == "uncached" {
         env.push(("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", "0"));
     } else {
