@@ -128,34 +128,37 @@ async fn gather(
 /// (the gRPC edge's `mount` span does), takes the others as `served_without_oci`: the
 /// mount's one line then says it all. Under a span without it, they are a line of their own.
 fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
-    let mut reads = 0;
-    let mut shared = Vec::new();
-    for entry in entries {
-        for version in &entry.versions {
-            reads += 1;
-            if let EntryVersion::Secret {
+    let versions = || {
+        entries
+            .iter()
+            .flat_map(|e| e.versions.iter().map(move |v| (e, v)))
+    };
+    let shared = |version: &EntryVersion| matches!(version, EntryVersion::Secret { lookup, .. } if lookup.is_shared());
+    let span = tracing::Span::current();
+    let reads = versions().count();
+    let served = versions().filter(|(_, v)| shared(v)).count();
+    span.record("upstream_calls", reads - served);
+    let in_span = span.field("served_without_oci").is_some() && !span.is_disabled();
+    if served == 0 || !(in_span || tracing::enabled!(tracing::Level::INFO)) {
+        return;
+    }
+    let list: Vec<String> = versions()
+        .filter_map(|(entry, version)| match version {
+            EntryVersion::Secret {
                 secret_id,
                 version,
                 lookup,
                 ..
-            } = version
-                && lookup.is_shared()
-            {
-                shared.push(format!(
-                    "secrets[{}] {secret_id} version {version} ({})",
-                    entry.index,
-                    lookup.as_str()
-                ));
-            }
-        }
-    }
-    let span = tracing::Span::current();
-    span.record("upstream_calls", reads - shared.len());
-    if shared.is_empty() {
-        return;
-    }
-    let served = format!("{} as {credential}", shared.join(", "));
-    if span.field("served_without_oci").is_some() {
+            } if lookup.is_shared() => Some(format!(
+                "secrets[{}] {secret_id} version {version} ({})",
+                entry.index,
+                lookup.as_str()
+            )),
+            _ => None,
+        })
+        .collect();
+    let served = format!("{} as {credential}", list.join(", "));
+    if in_span {
         span.record("served_without_oci", served);
     } else {
         tracing::info!(
