@@ -436,6 +436,24 @@ where
         removed
     }
 
+    /// Stores `value` for `key` in place of the value stored now, if `replaces` holds for
+    /// that one (a credential refreshed in the background replaces the one it refreshed, not
+    /// a successor another caller stored meanwhile). Nothing is stored where nothing is: a
+    /// key being fetched gets the fetch's value. Says whether it replaced.
+    pub async fn replace_if(&self, key: &K, value: V, replaces: impl FnOnce(&V) -> bool) -> bool {
+        let stored = Arc::new(self.store(value));
+        let result = self
+            .inner
+            .map
+            .entry_by_ref(key)
+            .and_compute_with(|entry| {
+                let replace = entry.is_some_and(|e| replaces(&e.value().value));
+                std::future::ready(if replace { Op::Put(stored) } else { Op::Nop })
+            })
+            .await;
+        matches!(result, moka::ops::compute::CompResult::ReplacedWith(_))
+    }
+
     /// Drops every expired value now; returns how many.
     pub async fn purge_expired(&self) -> usize {
         let expired: Vec<(K, u64)> = self

@@ -684,3 +684,40 @@ async fn a_waiter_never_gets_a_value_it_refused() {
     }
     assert_eq!(cache.stats().unusable, 1);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replacement_takes_only_the_place_of_the_value_it_names() {
+    let clock = clock();
+    let cache = cache(None, &clock);
+    let alive = Arc::new(());
+    // Nothing stored: nothing replaced.
+    assert!(
+        !cache
+            .replace_if(&1, Value::new(2, 1, &alive), |_| true)
+            .await
+    );
+    assert!(cache.get(&1).await.is_none());
+    let fetch = |_| std::future::ready(Ok::<_, TestError>(Value::new(1, 1, &alive)));
+    cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
+    assert!(
+        !cache
+            .replace_if(&1, Value::new(3, 1, &alive), |v| v.id == 7)
+            .await
+    );
+    assert_eq!(cache.get(&1).await.map(|v| v.id), Some(1));
+    assert!(
+        cache
+            .replace_if(&1, Value::new(3, 1, &alive), |v| v.id == 1)
+            .await
+    );
+    let (value, lookup) = cache
+        .get_or_fetch(&1, later(5), |_| true, fetch)
+        .await
+        .unwrap();
+    assert_eq!((value.id, lookup), (3, Lookup::Hit));
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (1, 1));
+}
