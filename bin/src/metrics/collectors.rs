@@ -248,7 +248,9 @@ impl ScrapeSources {
         }
         let mut family = encoder.encode_descriptor(
             "credential_fetches",
-            "Token exchanges and refreshes (and user key loads), by principal kind and result",
+            "Token exchanges and refreshes (and user key loads), by principal kind, op \
+             (exchange; refresh: a mount waited for it; ahead: in the background while the \
+             credential served) and result",
             None,
             MetricType::Counter,
         )?;

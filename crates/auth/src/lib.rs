@@ -44,10 +44,10 @@ pub use node::{NodeTaint, TaintRemoval};
 pub use principals::load_user_secret_for_tests;
 pub use principals::{
     Caller, ClientAuth, ClientSecret, DEFAULT_INSTANCE_METADATA, DEFAULT_NAMESPACE_EXCHANGE_BURST,
-    DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE, DEFAULT_REFUSAL_MEMORY,
+    DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE, DEFAULT_REFRESH_RETRY, DEFAULT_REFUSAL_MEMORY,
     DEFAULT_SERVICE_ACCOUNT_TOKEN_FILE, Established, ExchangeGuards, FederationConfig,
     INSTANCE_RENEWAL_COOL_DOWN, IdentityRequest, PrincipalKind, Principals, PrincipalsConfig,
-    TokenType, WorkloadMechanism,
+    SESSION_KEYS_AHEAD, TokenType, WorkloadMechanism,
 };
 pub use remote::opc_request_id;
 pub use session::{Invalidated, Session};

@@ -1,5 +1,6 @@
 //! The instance principal (spec 4): the leaf certificate and key from instance metadata,
-//! federated for a session token bound to a fresh session key; one per process.
+//! federated for a session token bound to a fresh session key; one per process, refreshed
+//! ahead of its expiry in the background (`ahead`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,8 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, Request, StatusCode};
 use zeroize::Zeroizing;
 
-use super::{INSTANCE_RENEWAL_COOL_DOWN, Inner, fresh, session_key};
+use super::ahead::{ATTEMPT_TIMEOUT, Refresh};
+use super::{INSTANCE_RENEWAL_COOL_DOWN, Inner, REFRESH_MARGIN, fresh, refresh_at};
 use crate::error::{AuthError, Endpoint};
 use crate::remote::{build, error_detail, send};
 use crate::session::Invalidated;
@@ -24,6 +26,8 @@ use regions::Region;
 pub(crate) struct Session {
     key: SigningKey,
     exp: SystemTime,
+    /// From when it is refreshed in the background; it serves on meanwhile.
+    refresh_at: SystemTime,
     /// The tenancy and instance of the certificate that was federated.
     credential: Credential,
     /// Set when OCI refused the token, so the next signing federates again.
@@ -41,8 +45,14 @@ impl cache::CacheValue for Session {
 }
 
 impl Session {
-    fn usable(&self, now: SystemTime) -> bool {
+    /// Not refused, and expiring more than five minutes from now: it serves.
+    fn valid(&self, now: SystemTime) -> bool {
         !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
+    }
+
+    /// The same session: the same token.
+    fn same(&self, other: &Session) -> bool {
+        self.key.key_id().expose_secret() == other.key.key_id().expose_secret()
     }
 
     /// What it signs with (also the identity domain's token exchanges, when the instance
@@ -133,21 +143,97 @@ pub(super) async fn invalidate(inner: &Inner, rejected: &KeyId) -> Invalidated {
     Invalidated::Dropped
 }
 
-/// The cached session while it is fresh, else one federation (single flight).
+/// The cached session while it serves (a refresh ahead started once it is due), else the
+/// refresh ahead in flight, else one federation (single flight).
 pub(super) async fn session(
     inner: &Inner,
     deadline: tokio::time::Instant,
 ) -> Result<Session, AuthError> {
-    let (session, _) = inner
+    let (session, lookup) = inner
         .instance
         .get_or_fetch(
             &(),
             deadline,
-            |s| s.usable(inner.now()),
-            |stale| inner.counted("instance", stale.is_some(), federate(inner, deadline)),
+            |s| s.valid(inner.now()),
+            |stale| async move {
+                if let Some(session) = inner.instance_ahead.join(&()).await {
+                    return Ok(session);
+                }
+                let op = super::op(&stale);
+                inner
+                    .counted("instance", op, federate(inner, deadline))
+                    .await
+            },
         )
         .await?;
+    if lookup == cache::Lookup::Hit && inner.now() >= session.refresh_at {
+        inner.instance_ahead.start(AheadRefresh {
+            inner: inner.this.clone(),
+            current: session.clone(),
+        });
+    }
     Ok(session)
+}
+
+/// The instance session's refresh ahead of its expiry: one federation.
+struct AheadRefresh {
+    inner: std::sync::Weak<Inner>,
+    /// The session refreshed.
+    current: Session,
+}
+
+impl Refresh for AheadRefresh {
+    type Key = ();
+    type Session = Session;
+
+    fn key(&self) -> &() {
+        &()
+    }
+
+    fn identity(&self) -> Identity {
+        Identity::Instance
+    }
+
+    fn now(&self) -> SystemTime {
+        self.inner
+            .upgrade()
+            .map_or_else(SystemTime::now, |inner| inner.now())
+    }
+
+    fn serves_until(&self) -> SystemTime {
+        self.current
+            .exp
+            .checked_sub(REFRESH_MARGIN)
+            .unwrap_or(self.current.exp)
+    }
+
+    async fn serves(&self) -> bool {
+        let Some(inner) = self.inner.upgrade() else {
+            return false;
+        };
+        let cached = inner.instance.get(&()).await;
+        cached.is_some_and(|s| s.same(&self.current) && s.valid(inner.now()))
+    }
+
+    async fn attempt(&self) -> Result<Session, AuthError> {
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or(AuthError::Internal("the principals are gone"))?;
+        let deadline = tokio::time::Instant::now() + ATTEMPT_TIMEOUT;
+        inner
+            .counted("instance", "ahead", federate(&inner, deadline))
+            .await
+    }
+
+    async fn store(&self, session: &Session) {
+        if let Some(inner) = self.inner.upgrade() {
+            let current = &self.current;
+            (inner.instance)
+                .replace_if(&(), session.clone(), |s| s.same(current))
+                .await;
+        }
+    }
 }
 
 /// The configured region, else the one instance metadata reports (asked once).
@@ -219,12 +305,41 @@ fn federation_endpoint(region: &Region) -> String {
     }
 }
 
-/// One federation (spec 4.2 step 4, 4.4): cert, key, intermediate, fresh session key,
-/// `POST /v1/x509` signed with the leaf key.
+/// One federation (spec 4.2 step 4, 4.4): cert, key, intermediate, a session key generated
+/// ahead, `POST /v1/x509` signed with the leaf key. The key of a federation answered with an
+/// error status goes back to the pool.
 async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Session, AuthError> {
     let region = region(inner, deadline).await?;
     let leaf = Leaf::read(inner, deadline).await?;
-    let session = session_key().await?;
+    let session = inner.session_keys.take().await?;
+    let (token, exp, issued) = match x509(inner, region, &leaf, &session, deadline).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            inner.session_keys.give_back(session, &error);
+            return Err(error);
+        }
+    };
+    tracing::info!("federated the instance principal for a session token");
+    Ok(Session {
+        key: SigningKey::new(KeyId::security_token(&token), session),
+        exp,
+        refresh_at: refresh_at(issued, exp),
+        credential: Credential::Instance {
+            tenancy: leaf.tenancy,
+            instance: leaf.instance,
+        },
+        invalidated: Arc::new(AtomicBool::new(false)),
+    })
+}
+
+/// The federation call for `session`'s public key: its session token, expiry and issue.
+async fn x509(
+    inner: &Inner,
+    region: &Region,
+    leaf: &Leaf,
+    session: &PrivateKey,
+    deadline: tokio::time::Instant,
+) -> Result<(String, SystemTime, SystemTime), AuthError> {
     let mut body = serde_json::json!({
         "certificate": leaf.certificate,
         "publicKey": session.public_key_base64(),
@@ -256,17 +371,7 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
         operation,
     )
     .await?;
-    let (token, exp) = federation_token(&response, operation)?;
-    tracing::info!("federated the instance principal for a session token");
-    Ok(Session {
-        key: SigningKey::new(KeyId::security_token(&token), session),
-        exp,
-        credential: Credential::Instance {
-            tenancy: leaf.tenancy,
-            instance: leaf.instance,
-        },
-        invalidated: Arc::new(AtomicBool::new(false)),
-    })
+    federation_token(&response, operation, inner.now())
 }
 
 /// The instance's leaf certificate and key from instance metadata (spec 4.2 step 4):
@@ -325,11 +430,13 @@ impl Leaf {
     }
 }
 
-/// The session token of a federation answer, and its expiry.
+/// The session token of a federation answer, its expiry and when it was issued (its `iat`,
+/// no later than `now`; `now` without one).
 fn federation_token(
     response: &http::Response<bytes::Bytes>,
     operation: &str,
-) -> Result<(String, std::time::SystemTime), AuthError> {
+    now: SystemTime,
+) -> Result<(String, SystemTime, SystemTime), AuthError> {
     if response.status() != StatusCode::OK {
         return Err(AuthError::Status {
             endpoint: Endpoint::Federation,
@@ -353,7 +460,10 @@ fn federation_token(
         .ok_or_else(|| malformed("no token member"))?;
     let claims = jwt::claims(token).map_err(malformed)?;
     let exp = jwt::exp(&claims).map_err(malformed)?;
-    Ok((token.to_owned(), exp))
+    let issued = jwt::iat(&claims)
+        .map_err(malformed)?
+        .map_or(now, |iat| iat.min(now));
+    Ok((token.to_owned(), exp, issued))
 }
 
 /// The Base64 of a chain's DER blocks, concatenated into one string as the SDK sends them

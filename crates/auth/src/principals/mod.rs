@@ -3,16 +3,18 @@
 //! requests and renews itself through the principal that made it. Workload identity has two
 //! mechanisms, the node's choice: OKE's proxymux, or an identity domain's token exchange.
 
+mod ahead;
 mod federation;
 mod instance;
 mod keyload;
 mod pace;
 mod proxymux;
 mod refusals;
-mod spare_keys;
+mod session_keys;
 mod user;
 
 pub use federation::{ClientAuth, ClientSecret, FederationConfig, TokenType, WorkloadMechanism};
+pub use session_keys::SESSION_KEYS_AHEAD;
 
 #[cfg(feature = "test-support")]
 pub use user::load_user_secret_for_tests;
@@ -39,6 +41,10 @@ use crate::{AuthError, Identity, Session};
 /// A token is renewed when it expires within this margin (spec 3.5, 4.5), and a
 /// service-account token is only sent if it is valid for longer.
 pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+
+/// The default first wait before a failed refresh ahead of expiry is tried again: doubled
+/// after each failure up to a minute, jittered, while the session still serves.
+pub const DEFAULT_REFRESH_RETRY: Duration = Duration::from_secs(1);
 
 /// The least time between two renewals of the instance principal's session after a 401: a
 /// renewal costs three instance metadata calls, an RSA key and a federation, and every mount
@@ -116,6 +122,9 @@ pub struct PrincipalsConfig {
     pub namespace_exchanges_per_minute: u32,
     /// Workload exchanges one namespace may make at once before its pace applies.
     pub namespace_exchange_burst: u32,
+    /// The first wait before a failed refresh ahead of a session's expiry is tried again
+    /// (doubled after each failure up to a minute, jittered).
+    pub refresh_retry: Duration,
 }
 
 impl Default for PrincipalsConfig {
@@ -141,6 +150,7 @@ impl Default for PrincipalsConfig {
             refusal_memory: DEFAULT_REFUSAL_MEMORY,
             namespace_exchanges_per_minute: DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE,
             namespace_exchange_burst: DEFAULT_NAMESPACE_EXCHANGE_BURST,
+            refresh_retry: DEFAULT_REFRESH_RETRY,
         }
     }
 }
@@ -332,7 +342,8 @@ where
 /// What guarded the node's workload exchanges ([`Principals::exchange_guards`]): the
 /// identity domain or the proxymux is shared by every tenant, so a refused identity is not
 /// asked about again for [`PrincipalsConfig::refusal_memory`], a namespace's exchanges keep
-/// to its pace, and the key of an exchange answered without a token serves the next.
+/// to its pace; and the session keys of every exchange (and of the instance principal's
+/// federations), generated ahead ([`SESSION_KEYS_AHEAD`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ExchangeGuards {
@@ -346,10 +357,17 @@ pub struct ExchangeGuards {
     pub paced_waited: u64,
     /// Mounts failed at once: their namespace's turn came after their deadline.
     pub paced_refused: u64,
-    /// Session keys generated for workload exchanges.
+    /// Session keys generated, all in the background.
     pub keys_generated: u64,
-    /// Keys of exchanges answered without a token, used by a later exchange instead.
+    /// Session keys taken at once, generated ahead.
+    pub keys_ready: u64,
+    /// Session keys a mount waited for: it found none ready and waited for the one being
+    /// generated.
+    pub keys_waited: u64,
+    /// Keys of exchanges answered without a token, back for a later exchange.
     pub keys_reused: u64,
+    /// The most keys held ready at once (at most [`SESSION_KEYS_AHEAD`]).
+    pub keys_most_held: u64,
 }
 
 /// The principals of the process: user keys, workload RPSTs and the instance token,
@@ -360,9 +378,14 @@ pub struct ExchangeGuards {
 #[derive(Clone)]
 pub struct Principals {
     inner: Arc<Inner>,
+    /// Held by the principals' clones alone (not by the sessions they hand out): when the
+    /// last is dropped, every background task (key refills, refreshes ahead) ends.
+    _open: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 struct Inner {
+    /// Itself, for the background tasks it starts (they hold it only while they work).
+    this: std::sync::Weak<Inner>,
     config: PrincipalsConfig,
     http: HttpService,
     clock: SharedClock,
@@ -381,15 +404,19 @@ struct Inner {
     refusals: refusals::Refusals,
     /// The pace of workload exchanges per namespace.
     pace: pace::ExchangePace,
-    /// Session keys of refused exchanges, for the next exchange.
-    spare_keys: spare_keys::SpareKeys,
+    /// Session keys generated ahead, and those of refused exchanges.
+    session_keys: Arc<session_keys::SessionKeys>,
+    /// Workload sessions being refreshed ahead of their expiry.
+    workload_ahead: Arc<ahead::Ahead<(String, String), workload::Session>>,
+    /// The instance session being refreshed ahead of its expiry.
+    instance_ahead: Arc<ahead::Ahead<(), instance::Session>>,
     /// The cluster's service-account issuer, which proves the tokens mounts supply.
     issuer: crate::issuer::Issuer,
     instance: Cache<(), instance::Session>,
     instance_region: tokio::sync::OnceCell<Region>,
     /// When a 401 last dropped the instance session: the cool-down runs from here.
     instance_renewed: std::sync::Mutex<Option<SystemTime>>,
-    /// Credential fetches by (kind, exchange | refresh, ok | error).
+    /// Credential fetches by (kind, exchange | refresh | ahead, ok | error).
     fetches: std::sync::Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
     /// What became of 401s by (kind, outcome): [`crate::session::Invalidated::label`].
     renewals: std::sync::Mutex<BTreeMap<(&'static str, &'static str), u64>>,
@@ -416,8 +443,10 @@ impl Principals {
         ]
     }
 
-    /// Credential fetches so far: (kind `rpst` | `upst` | `instance` | `user`, `exchange` |
-    /// `refresh`, `ok` | `error`) → count.
+    /// Credential fetches so far: (kind `rpst` | `upst` | `instance` | `user`, op, `ok` |
+    /// `error`) → count. The op is `exchange` (a new identity), `refresh` (a mount waited
+    /// for a credential past serving, or renewing after a 401, to be replaced) or `ahead` (a
+    /// refresh in the background while the credential still served; each attempt counted).
     pub fn credential_fetches(&self) -> Vec<((&'static str, &'static str, &'static str), u64)> {
         lock(&self.inner.fetches)
             .iter()
@@ -439,13 +468,13 @@ impl Principals {
     }
 
     /// What guarded the workload exchanges so far: refusals remembered and served, turns of
-    /// the namespaces' pace, session keys generated and reused.
+    /// the namespaces' pace, session keys generated, taken and reused.
     pub fn exchange_guards(&self) -> ExchangeGuards {
         let inner = &self.inner;
         let (refusals, pace, keys) = (
             inner.refusals.counts(),
             inner.pace.counts(),
-            inner.spare_keys.counts(),
+            inner.session_keys.counts(),
         );
         ExchangeGuards {
             refusals_remembered: refusals.remembered,
@@ -454,7 +483,10 @@ impl Principals {
             paced_waited: pace.waited,
             paced_refused: pace.refused,
             keys_generated: keys.generated,
-            keys_reused: keys.reused,
+            keys_ready: keys.ready,
+            keys_waited: keys.waited,
+            keys_reused: keys.returned,
+            keys_most_held: keys.most_held,
         }
     }
 
@@ -531,8 +563,12 @@ impl Principals {
             config.namespace_exchanges_per_minute,
             config.namespace_exchange_burst,
         );
+        let (open, closed) = tokio::sync::watch::channel(());
+        let retry = config.refresh_retry;
         Ok(Self {
-            inner: Arc::new(Inner {
+            _open: Arc::new(open),
+            inner: Arc::new_cyclic(|this| Inner {
+                this: this.clone(),
                 key_gate,
                 failed_keys: keyload::FailedLoads::default(),
                 config,
@@ -546,7 +582,9 @@ impl Principals {
                 workload_kind,
                 refusals,
                 pace,
-                spare_keys: spare_keys::SpareKeys::default(),
+                session_keys: Arc::new(session_keys::SessionKeys::new(closed.clone())),
+                workload_ahead: Arc::new(ahead::Ahead::new(retry, closed.clone())),
+                instance_ahead: Arc::new(ahead::Ahead::new(retry, closed)),
                 issuer,
                 instance,
                 instance_region: tokio::sync::OnceCell::new(),
@@ -583,16 +621,15 @@ impl Inner {
         self.clock.now()
     }
 
-    /// Runs one credential fetch (`kind`: `rpst`, `upst`, `instance`, `user`), counting it as an
-    /// exchange or a refresh (a stale credential was replaced) with its result.
+    /// Runs one credential fetch (`kind`: `rpst`, `upst`, `instance`, `user`), counting it
+    /// under `op` ([`Principals::credential_fetches`]) with its result.
     async fn counted<T>(
         &self,
         kind: &'static str,
-        refresh: bool,
+        op: &'static str,
         work: impl std::future::Future<Output = Result<T, AuthError>>,
     ) -> Result<T, AuthError> {
         let result = work.await;
-        let op = if refresh { "refresh" } else { "exchange" };
         let outcome = if result.is_ok() { "ok" } else { "error" };
         *lock(&self.fetches).entry((kind, op, outcome)).or_default() += 1;
         result
@@ -657,13 +694,41 @@ pub(crate) fn fresh(exp: SystemTime, now: SystemTime) -> bool {
     exp > now + REFRESH_MARGIN
 }
 
-/// Generates an RSA-2048 session key off the async threads (it takes ~100 ms).
-pub(crate) async fn session_key() -> Result<Arc<crate::PrivateKey>, AuthError> {
-    tokio::task::spawn_blocking(crate::PrivateKey::generate_rsa_2048)
-        .await
-        .map_err(|_| AuthError::Internal("the key generation task failed"))?
-        .map(Arc::new)
-        .map_err(AuthError::SessionKey)
+/// The op a fetch of the cache counts as: `refresh` when it replaces a `stale` credential.
+fn op<T>(stale: &Option<T>) -> &'static str {
+    if stale.is_some() {
+        "refresh"
+    } else {
+        "exchange"
+    }
+}
+
+/// When a session token issued at `issued` and expiring at `exp` is refreshed (in the
+/// background, while it serves on): at the earlier of five minutes before `exp` and half
+/// its lifetime.
+pub(crate) fn refresh_at(issued: SystemTime, exp: SystemTime) -> SystemTime {
+    let lifetime = exp.duration_since(issued).unwrap_or_default();
+    let margin = exp.checked_sub(REFRESH_MARGIN).unwrap_or(issued);
+    (issued + lifetime / 2).min(margin).max(issued)
+}
+
+/// Spawns `task` to run until it ends or the principals are dropped (`open`'s sender goes),
+/// whichever comes first. `false` when they are gone already: nothing is spawned.
+fn spawn_until_closed(
+    open: &tokio::sync::watch::Receiver<()>,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> bool {
+    if open.has_changed().is_err() {
+        return false;
+    }
+    let mut open = open.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = open.changed() => {}
+            () = task => {}
+        }
+    });
+    true
 }
 
 /// The pure parsers of this module, for the property tests in `crate::fuzz`.
@@ -679,7 +744,7 @@ pub(crate) fn fuzz_check_token(
 
 #[cfg(test)]
 pub(crate) fn fuzz_proxymux_reply(body: &[u8]) -> Result<(), &'static str> {
-    proxymux::parse_proxymux_reply(body).map(|_| ())
+    proxymux::parse_proxymux_reply(body, SystemTime::UNIX_EPOCH).map(|_| ())
 }
 
 #[cfg(test)]

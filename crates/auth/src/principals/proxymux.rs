@@ -11,7 +11,7 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use super::{Exchanged, Inner, REFRESH_MARGIN};
+use super::{Exchanged, Inner, refresh_at};
 use crate::error::{AuthError, Endpoint};
 use crate::jwt;
 use crate::remote::{build, error_detail, opc_request_id, send};
@@ -24,8 +24,8 @@ fn proxymux_url(inner: &Inner) -> Result<String, AuthError> {
     })
 }
 
-/// One proxymux exchange for `session_key`, bound to no token yet: the RPST, refreshed five
-/// minutes before it expires.
+/// One proxymux exchange for `session_key`, bound to no token yet: the RPST, refreshed in
+/// the background from the earlier of half its life and five minutes before it expires.
 pub(super) async fn exchange(
     inner: &Inner,
     (namespace, service_account): (&str, &str),
@@ -80,7 +80,8 @@ pub(super) async fn exchange(
             detail: error_detail(response.body()),
         });
     }
-    let (rpst, exp) = parse_proxymux_reply(response.body()).map_err(malformed)?;
+    let (rpst, exp, issued) =
+        parse_proxymux_reply(response.body(), inner.now()).map_err(malformed)?;
     tracing::info!(
         namespace,
         service_account,
@@ -89,17 +90,19 @@ pub(super) async fn exchange(
     Ok(Exchanged {
         token: rpst,
         exp,
-        refresh_at: exp.checked_sub(REFRESH_MARGIN).unwrap_or(exp),
+        refresh_at: refresh_at(issued, exp),
         key: Arc::clone(session_key),
     })
 }
 
 /// The proxymux answer: a JSON string literal around standard Base64 of
-/// `{"token":"ST$<rpst>"}`; the RPST (a JWT with `exp` and `res_tenant`) and its expiry.
-/// Failures are described, never quoted (the body holds a token).
+/// `{"token":"ST$<rpst>"}`; the RPST (a JWT with `exp` and `res_tenant`), its expiry and
+/// when it was issued (its `iat`, no later than `now`; `now` without one). Failures are
+/// described, never quoted (the body holds a token).
 pub(super) fn parse_proxymux_reply(
     body: &[u8],
-) -> Result<(Zeroizing<String>, SystemTime), &'static str> {
+    now: SystemTime,
+) -> Result<(Zeroizing<String>, SystemTime, SystemTime), &'static str> {
     let quoted = body.len() >= 2 && body.first() == Some(&b'"') && body.last() == Some(&b'"');
     if !quoted {
         return Err("the body is not a quoted string");
@@ -125,5 +128,6 @@ pub(super) fn parse_proxymux_reply(
     if claims.get("res_tenant").and_then(|t| t.as_str()).is_none() {
         return Err("the token has no res_tenant claim");
     }
-    Ok((Zeroizing::new(rpst.to_owned()), exp))
+    let issued = jwt::iat(&claims)?.map_or(now, |iat| iat.min(now));
+    Ok((Zeroizing::new(rpst.to_owned()), exp, issued))
 }

@@ -1,47 +1,123 @@
-//! Session keys no token was bound to. Every workload exchange sends the public half of a
-//! fresh RSA-2048 key (about 100 ms of CPU to generate); when the answer is not a token (a
-//! refusal, a failure of the domain), no session was bound to that key, so it is kept and
-//! the next exchange of any identity uses it instead of generating one. At most
-//! [`MAX_SPARE_KEYS`] are kept; their private halves live in aws-lc, which clears them
-//! when a key is dropped.
+//! Session keys, generated ahead of the mounts that need them. Every workload exchange and
+//! every federation of the instance principal sends the public half of a fresh RSA-2048 key,
+//! about 100 ms of one core to generate. [`SESSION_KEYS_AHEAD`] keys are kept ready: a mount
+//! takes one at once, and each take starts a refill in the background unless one runs: one
+//! blocking task at a time, generating until the pool is full again, then ending. A mount
+//! that finds the pool empty waits for the key being generated and never starts a generation
+//! of its own, so however many identities arrive at once session keys take at most one core,
+//! and N new identities make at most N + [`SESSION_KEYS_AHEAD`] generations.
+//!
+//! A key is bound to a session only when an exchange answers with a token for it: the key of
+//! an exchange the endpoint answered with an error status (a refusal, a failure of the
+//! domain) was bound to nothing and goes back to the pool, if it has room. The private halves
+//! live in aws-lc, whose `OPENSSL_free` cleanses the memory it frees, so a key dropped from
+//! the pool (or never taken) is wiped. The refill holds only a weak reference to the pool and
+//! ends when the principals are dropped.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use tokio::sync::{Notify, watch};
 
 use crate::PrivateKey;
 use crate::error::{AuthError, Endpoint};
 
-/// The most keys kept for later exchanges.
-pub(super) const MAX_SPARE_KEYS: usize = 4;
+/// The session keys kept ready. A Deployment rolling onto a node brings a few new service
+/// accounts at once: that many exchanges start without waiting for a key, for about 10 KiB
+/// held and 400 ms of one core spent once the principals first need a key.
+pub const SESSION_KEYS_AHEAD: usize = 4;
+
+pub(super) struct SessionKeys {
+    state: std::sync::Mutex<State>,
+    /// Told each time a key is added.
+    added: Notify,
+    /// Closed when the principals are dropped.
+    open: watch::Receiver<()>,
+    generated: AtomicU64,
+    ready: AtomicU64,
+    waited: AtomicU64,
+    returned: AtomicU64,
+}
 
 #[derive(Default)]
-pub(super) struct SpareKeys {
-    keys: std::sync::Mutex<Vec<PrivateKey>>,
-    generated: AtomicU64,
-    reused: AtomicU64,
+struct State {
+    keys: Vec<PrivateKey>,
+    /// Whether a refill task runs.
+    refilling: bool,
+    /// Generations that failed; a waiter that sees this change gets the last failure.
+    failures: u64,
+    last_failure: Option<Arc<AuthError>>,
+    most_held: usize,
 }
 
-/// Session keys of workload exchanges generated, and spare ones used instead.
+/// What became of session keys so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct KeyCounts {
+    /// Keys generated (all in the background).
     pub(super) generated: u64,
-    pub(super) reused: u64,
+    /// Keys taken at once from the pool.
+    pub(super) ready: u64,
+    /// Takes that found the pool empty and waited for the key being generated.
+    pub(super) waited: u64,
+    /// Keys of exchanges answered without a token, back in the pool.
+    pub(super) returned: u64,
+    /// The most keys the pool held at once (never more than [`SESSION_KEYS_AHEAD`]).
+    pub(super) most_held: u64,
 }
 
-impl SpareKeys {
-    /// A spare key if there is one, else a new one.
-    pub(super) async fn take(&self) -> Result<Arc<PrivateKey>, AuthError> {
-        if let Some(key) = super::lock(&self.keys).pop() {
-            self.reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::new(key));
+impl SessionKeys {
+    /// An empty pool; its refills end when `open`'s sender is dropped.
+    pub(super) fn new(open: watch::Receiver<()>) -> Self {
+        Self {
+            state: std::sync::Mutex::new(State::default()),
+            added: Notify::new(),
+            open,
+            generated: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
         }
-        let key = super::session_key().await?;
-        self.generated.fetch_add(1, Ordering::Relaxed);
-        Ok(key)
+    }
+
+    /// A key bound to no token: from the pool, or the one being generated.
+    pub(super) async fn take(self: &Arc<Self>) -> Result<Arc<PrivateKey>, AuthError> {
+        let mut waited = false;
+        let mut failures = None;
+        loop {
+            // Registered before the pool is looked at, so a key added in between wakes it.
+            let mut added = std::pin::pin!(self.added.notified());
+            added.as_mut().enable();
+            {
+                let mut state = super::lock(&self.state);
+                if let Some(key) = state.keys.pop() {
+                    self.refill(&mut state);
+                    let counter = if waited { &self.waited } else { &self.ready };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Arc::new(key));
+                }
+                if failures.is_some_and(|seen| seen != state.failures) {
+                    return Err(state.last_failure.clone().map_or(
+                        AuthError::Internal("the session key generation failed"),
+                        AuthError::Shared,
+                    ));
+                }
+                failures = Some(state.failures);
+                self.refill(&mut state);
+            }
+            if self.open.has_changed().is_err() {
+                // The principals are gone and nothing refills (a renewal in flight as the
+                // process stops): this key is generated for this take alone.
+                self.generated.fetch_add(1, Ordering::Relaxed);
+                return generate().await.map(Arc::new);
+            }
+            waited = true;
+            added.await;
+        }
     }
 
     /// Keeps the key of an exchange that `error` ended, if the endpoint answered other than
-    /// with a token (so no session is bound to it) and nothing else holds it.
+    /// with a token (so no session is bound to it), nothing else holds it and the pool has
+    /// room.
     pub(super) fn give_back(&self, key: Arc<PrivateKey>, error: &AuthError) {
         if !answered_without_a_token(error) {
             return;
@@ -49,28 +125,87 @@ impl SpareKeys {
         let Some(key) = Arc::into_inner(key) else {
             return;
         };
-        let mut keys = super::lock(&self.keys);
-        if keys.len() < MAX_SPARE_KEYS {
-            keys.push(key);
+        let mut state = super::lock(&self.state);
+        if state.keys.len() < SESSION_KEYS_AHEAD {
+            state.keys.push(key);
+            state.most_held = state.most_held.max(state.keys.len());
+            self.returned.fetch_add(1, Ordering::Relaxed);
+            self.added.notify_one();
         }
     }
 
     pub(super) fn counts(&self) -> KeyCounts {
+        let most_held = super::lock(&self.state).most_held;
         KeyCounts {
             generated: self.generated.load(Ordering::Relaxed),
-            reused: self.reused.load(Ordering::Relaxed),
+            ready: self.ready.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+            returned: self.returned.load(Ordering::Relaxed),
+            most_held: most_held as u64,
+        }
+    }
+
+    /// Starts the refill, unless one runs, the pool is full or the principals are gone.
+    fn refill(self: &Arc<Self>, state: &mut State) {
+        if state.refilling || state.keys.len() >= SESSION_KEYS_AHEAD {
+            return;
+        }
+        state.refilling = super::spawn_until_closed(&self.open, refill(Arc::downgrade(self)));
+    }
+}
+
+/// Generates keys one after another until the pool is full (or a generation fails), holding
+/// the pool only between generations.
+async fn refill(pool: Weak<SessionKeys>) {
+    loop {
+        let generated = generate().await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let mut state = super::lock(&pool.state);
+        match generated {
+            Ok(key) => {
+                pool.generated.fetch_add(1, Ordering::Relaxed);
+                // Full only if keys came back meanwhile: this one is dropped (and wiped).
+                if state.keys.len() < SESSION_KEYS_AHEAD {
+                    state.keys.push(key);
+                    state.most_held = state.most_held.max(state.keys.len());
+                    pool.added.notify_one();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "generating a session key failed");
+                state.failures += 1;
+                state.last_failure = Some(Arc::new(error));
+                state.refilling = false;
+                pool.added.notify_waiters();
+                return;
+            }
+        }
+        if state.keys.len() >= SESSION_KEYS_AHEAD {
+            state.refilling = false;
+            return;
         }
     }
 }
 
-/// Whether the identity domain or the proxymux answered the exchange with an error status:
-/// it issued nothing. A broken connection or a timeout may have lost a token bound to the
-/// key, and an unusable 200 may hold one; those keys are dropped.
+/// One RSA-2048 key, on the blocking pool.
+async fn generate() -> Result<PrivateKey, AuthError> {
+    tokio::task::spawn_blocking(PrivateKey::generate_rsa_2048)
+        .await
+        .map_err(|_| AuthError::Internal("the key generation task failed"))?
+        .map_err(AuthError::SessionKey)
+}
+
+/// Whether the identity domain, the proxymux or the instance principal's federation
+/// answered with an error status: it issued nothing. A broken connection or a timeout may
+/// have lost a token bound to the key, and an unusable 200 may hold one; those keys are
+/// dropped.
 fn answered_without_a_token(error: &AuthError) -> bool {
     match error {
         AuthError::TokenExchange { .. }
         | AuthError::Status {
-            endpoint: Endpoint::Proxymux,
+            endpoint: Endpoint::Proxymux | Endpoint::Federation,
             ..
         } => true,
         AuthError::Shared(shared) => answered_without_a_token(shared),
@@ -80,6 +215,8 @@ fn answered_without_a_token(error: &AuthError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn refusal() -> AuthError {
@@ -92,25 +229,111 @@ mod tests {
         }
     }
 
+    fn pool() -> (Arc<SessionKeys>, watch::Sender<()>) {
+        let (open, closed) = watch::channel(());
+        (Arc::new(SessionKeys::new(closed)), open)
+    }
+
+    /// Waits (real time: keys take real CPU) until the pool's counts satisfy `done`.
+    async fn until(keys: &SessionKeys, done: impl Fn(&KeyCounts) -> bool) -> KeyCounts {
+        for _ in 0..6000 {
+            let counts = keys.counts();
+            if done(&counts) {
+                return counts;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the pool never got there: {:?}", keys.counts());
+    }
+
     #[tokio::test]
-    async fn a_refused_exchanges_key_is_used_by_the_next_and_a_lost_ones_is_not() {
-        let keys = SpareKeys::default();
+    async fn a_taken_key_is_replaced_in_the_background_and_the_next_takes_wait_for_none() {
+        let (keys, _open) = pool();
+        // The first take finds the pool empty: it waits for the first key generated.
+        keys.take().await.unwrap();
+        let full = SESSION_KEYS_AHEAD as u64 + 1;
+        until(&keys, |c| c.generated == full).await;
+        for _ in 0..SESSION_KEYS_AHEAD {
+            keys.take().await.unwrap();
+        }
+        let counts = keys.counts();
+        assert_eq!(
+            (counts.waited, counts.ready),
+            (1, SESSION_KEYS_AHEAD as u64)
+        );
+        // Each take started the refill again: the pool fills up to its bound, no more.
+        let counts = until(&keys, |c| c.generated == full + SESSION_KEYS_AHEAD as u64).await;
+        assert_eq!(counts.most_held, SESSION_KEYS_AHEAD as u64);
+        assert_eq!(
+            super::super::lock(&keys.state).keys.len(),
+            SESSION_KEYS_AHEAD
+        );
+    }
+
+    #[tokio::test]
+    async fn a_storm_of_takes_makes_at_most_one_generation_each_and_the_pool_size() {
+        let (keys, _open) = pool();
+        let takes: Vec<_> = (0..12)
+            .map(|_| {
+                let keys = keys.clone();
+                tokio::spawn(
+                    async move { keys.take().await.unwrap().public_key_spki_der().to_vec() },
+                )
+            })
+            .collect();
+        let mut distinct = std::collections::BTreeSet::new();
+        for take in takes {
+            distinct.insert(take.await.unwrap());
+        }
+        assert_eq!(distinct.len(), 12, "every take its own key");
+        let counts = until(&keys, |c| {
+            !super::super::lock(&keys.state).refilling && c.generated >= 12
+        })
+        .await;
+        assert!(
+            counts.generated <= 12 + SESSION_KEYS_AHEAD as u64,
+            "{counts:?}"
+        );
+        assert!(counts.most_held <= SESSION_KEYS_AHEAD as u64, "{counts:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_exchanges_key_goes_back_to_the_pool_and_a_lost_ones_does_not() {
+        let (keys, _open) = pool();
         let first = keys.take().await.unwrap();
         let spki = first.public_key_spki_der().to_vec();
+        // Taken at once from now on: the pool is full.
+        until(&keys, |c| c.generated == SESSION_KEYS_AHEAD as u64 + 1).await;
+        let taken: Vec<_> = (0..SESSION_KEYS_AHEAD).map(|_| keys.take()).collect();
+        let mut held = Vec::new();
+        for take in taken {
+            held.push(take.await.unwrap());
+        }
         keys.give_back(first, &refusal());
-        let second = keys.take().await.unwrap();
-        assert_eq!(second.public_key_spki_der(), spki.as_slice());
-        // Held elsewhere (bound to a session): not spare.
-        keys.give_back(Arc::clone(&second), &refusal());
-        keys.give_back(second, &AuthError::DeadlineExceeded("exchanging"));
-        let third = keys.take().await.unwrap();
-        assert_ne!(third.public_key_spki_der(), spki.as_slice());
-        assert_eq!(
-            keys.counts(),
-            KeyCounts {
-                generated: 2,
-                reused: 1
-            }
-        );
+        let again = keys.take().await.unwrap();
+        assert_eq!(again.public_key_spki_der(), spki.as_slice());
+        // Held elsewhere (bound to a session), or lost with the connection: not returned.
+        keys.give_back(Arc::clone(&again), &refusal());
+        keys.give_back(again, &AuthError::DeadlineExceeded("exchanging"));
+        assert_eq!(keys.counts().returned, 1);
+    }
+
+    #[tokio::test]
+    async fn the_refill_ends_with_the_principals() {
+        let (keys, open) = pool();
+        keys.take().await.unwrap();
+        drop(open);
+        let at_close = keys.counts().generated;
+        // Longer than a generation: the one in flight when the principals went is dropped
+        // (wiped), and no other starts.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(keys.counts().generated, at_close);
+        // A take after the end is still served: generated for it alone once the pool is
+        // empty.
+        let held = super::super::lock(&keys.state).keys.len();
+        for _ in 0..=held {
+            keys.take().await.unwrap();
+        }
+        assert_eq!(keys.counts().generated, at_close + 1);
     }
 }

@@ -233,7 +233,7 @@ async fn cached_or_load(
             |stale| {
                 inner.counted(
                     "user",
-                    stale.is_some(),
+                    super::op(&stale),
                     load(inner, namespace, secret_name, deadline),
                 )
             },

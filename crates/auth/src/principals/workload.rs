@@ -2,7 +2,8 @@
 //! provider requests bound to the pod), exchanged for a session token bound to a fresh
 //! session key by the node's mechanism (OKE's proxymux, spec 3, or an identity domain's
 //! token exchange, `federation`); one session per (namespace, service account), cached,
-//! single flight, renewed after a 401.
+//! single flight, refreshed ahead of its expiry in the background (`ahead`), renewed after a
+//! 401.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +11,8 @@ use std::time::SystemTime;
 
 use secrecy::{ExposeSecret as _, SecretString};
 
-use super::{IdentityRequest, Inner, WorkloadMechanism, fresh};
+use super::ahead::{ATTEMPT_TIMEOUT, Refresh};
+use super::{IdentityRequest, Inner, REFRESH_MARGIN, WorkloadMechanism, fresh};
 use crate::error::AuthError;
 use crate::issuer::{NBF_LEEWAY, Refusal, Unverified};
 use crate::session::Invalidated;
@@ -25,7 +27,8 @@ pub(crate) struct Session {
     credential: Credential,
     key: SigningKey,
     exp: SystemTime,
-    /// From when a mount exchanges again rather than use it (the mechanism says).
+    /// From when it is refreshed in the background (the mechanism says); it serves on
+    /// meanwhile.
     refresh_at: SystemTime,
     /// The service-account token last exchanged, reused for a renewal while it is valid.
     sa_token: SecretString,
@@ -50,14 +53,20 @@ impl cache::CacheValue for Session {
 }
 
 impl Session {
-    fn usable(&self, now: SystemTime) -> bool {
-        !self.invalidated.load(Ordering::Relaxed) && now < self.refresh_at
-    }
-
     /// Still good to sign with (OCI has not refused it, and it expires more than five
-    /// minutes from now), though perhaps due for a refresh.
+    /// minutes from now), though perhaps due for a refresh: it serves mounts.
     fn valid(&self, now: SystemTime) -> bool {
         !self.invalidated.load(Ordering::Relaxed) && fresh(self.exp, now)
+    }
+
+    /// Due for its refresh ahead.
+    fn due(&self, now: SystemTime) -> bool {
+        now >= self.refresh_at
+    }
+
+    /// The same session: the same token (a successor has another).
+    fn same(&self, other: &Session) -> bool {
+        self.key.key_id().expose_secret() == other.key.key_id().expose_secret()
     }
 }
 
@@ -192,33 +201,41 @@ pub(super) async fn establish(
         ),
         _ => true,
     };
-    let (session, _) = inner
+    // A session serves while it is valid, due for its refresh or not: only one past serving
+    // makes the mount wait, for the refresh ahead in flight or its own exchange.
+    let (session, lookup) = inner
         .workloads
         .get_or_fetch(
             &key,
             request.deadline,
-            |s| s.usable(inner.now()) && matches(s),
+            |s| s.valid(inner.now()) && matches(s),
             |stale| {
-                let (source, pod) = (source.clone(), pod.clone());
-                let refresh = stale.is_some();
-                let valid = stale.filter(|s| matches(s) && s.valid(inner.now()));
-                let who = (namespace, service_account);
+                let (source, pod, key) = (source.clone(), pod.clone(), &key);
+                let (op, who) = (super::op(&stale), (namespace, service_account));
                 async move {
-                    if let Err(error) = before_exchange(inner, who, request.deadline).await {
-                        // A refresh its namespace's pace has no turn for keeps the session
-                        // while it is valid: the pace delays renewals, it fails no mount
-                        // that has a session.
-                        return match (valid, &error) {
-                            (Some(session), AuthError::ExchangesPaced { .. }) => Ok(session),
-                            _ => Err(error),
-                        };
+                    if let Some(session) = inner.workload_ahead.join(key).await.filter(matches) {
+                        return Ok(session);
                     }
+                    before_exchange(inner, who, request.deadline).await?;
                     let fetch = exchange_from(inner, who, source, pod, request.deadline);
-                    inner.counted(inner.workload_kind, refresh, fetch).await
+                    inner.counted(inner.workload_kind, op, fetch).await
                 }
             },
         )
         .await?;
+    if lookup == cache::Lookup::Hit && session.due(inner.now()) {
+        let supplied = match source {
+            Source::Supplied(token, info) => Some((token, info)),
+            Source::Request(_) => None,
+        };
+        inner.workload_ahead.start(AheadRefresh {
+            inner: Arc::downgrade(inner),
+            key,
+            current: session.clone(),
+            supplied,
+            pod,
+        });
+    }
     Ok(super::Established {
         region: inner.region.clone(),
         session: crate::Session::renewable(
@@ -263,8 +280,7 @@ async fn exchange_from(
     };
     exchange(
         inner,
-        namespace,
-        service_account,
+        (namespace, service_account),
         token,
         info,
         pod,
@@ -374,8 +390,9 @@ impl crate::session::Renew for Renewal {
 }
 
 /// A fresh key for the identity `current` was established as: the cached session if another
-/// request renewed it already, else one exchange (single flight) with the last
-/// service-account token while it is valid, else a TokenRequest bound to the same pod.
+/// request renewed it already, else the refresh ahead in flight, else one exchange (single
+/// flight) with the last service-account token while it is valid, else a TokenRequest bound
+/// to the same pod.
 async fn renew(
     inner: &Inner,
     current: &Session,
@@ -392,67 +409,150 @@ async fn renew(
             "a workload session of another identity",
         ));
     };
-    let cannot = |reason: &'static str| AuthError::CannotRenew {
-        identity: identity.clone(),
-        reason,
-    };
     let key = (namespace.clone(), service_account.clone());
+    let who = (namespace.as_str(), service_account.as_str());
     let (session, _) = inner
         .workloads
         .get_or_fetch(
             &key,
             deadline,
-            |s| &s.identity == identity && s.usable(inner.now()),
+            |s| &s.identity == identity && s.valid(inner.now()),
             |stale| {
                 let current = stale
                     .filter(|s| &s.identity == identity)
                     .unwrap_or_else(|| current.clone());
-                let renewal = inner.counted(inner.workload_kind, true, async move {
-                    // The token of the session was proven when it was established (or
-                    // came from a TokenRequest): its claims are read again for its expiry.
-                    let (token, info) = if fresh(current.sa_exp, inner.now()) {
-                        let info = check_token(
-                            &current.sa_token,
-                            namespace,
-                            service_account,
-                            current.pod.as_ref().map(|(n, u)| (n.as_str(), u.as_str())),
-                            inner.now(),
-                        )?;
-                        (current.sa_token.clone(), info)
-                    } else if let (true, Some(pod)) =
-                        (inner.config.token_request, current.pod.as_ref())
-                    {
-                        request_token(inner, namespace, service_account, pod, deadline).await?
-                    } else {
-                        return Err(cannot(
-                            "its service-account token expired and no TokenRequest can replace \
-                             it (token requests off, or no pod to bind one to)",
-                        ));
-                    };
-                    exchange(
-                        inner,
-                        namespace,
-                        service_account,
-                        token,
-                        info,
-                        current.pod.clone(),
-                        deadline,
-                    )
-                    .await
-                });
+                let key = &key;
                 async move {
-                    before_exchange(inner, (namespace, service_account), deadline).await?;
-                    renewal.await
+                    if let Some(session) = inner.workload_ahead.join(key).await {
+                        return Ok(session);
+                    }
+                    before_exchange(inner, who, deadline).await?;
+                    inner
+                        .counted(inner.workload_kind, "refresh", async {
+                            let pod = current.pod.clone();
+                            let (token, info) =
+                                renewal_token(inner, who, &current, None, pod.as_ref(), deadline)
+                                    .await?;
+                            exchange(inner, who, token, info, pod, deadline).await
+                        })
+                        .await
                 }
             },
         )
         .await?;
     if &session.identity != identity {
-        return Err(cannot(
-            "the service account was recreated since the mount established it",
-        ));
+        return Err(AuthError::CannotRenew {
+            identity: identity.clone(),
+            reason: "the service account was recreated since the mount established it",
+        });
     }
     Ok(session.key)
+}
+
+/// The service-account token a renewal exchanges: `supplied` (a mount's own, proven) while
+/// it is valid, else the session's own while it is valid (proven when it was established, or
+/// from a TokenRequest: its claims are read again), else a TokenRequest bound to `pod`.
+async fn renewal_token(
+    inner: &Inner,
+    (namespace, service_account): (&str, &str),
+    current: &Session,
+    supplied: Option<&(SecretString, TokenInfo)>,
+    pod: Option<&(String, String)>,
+    deadline: tokio::time::Instant,
+) -> Result<(SecretString, TokenInfo), AuthError> {
+    let now = inner.now();
+    if let Some((token, info)) = supplied.filter(|(_, info)| fresh(info.exp, now)) {
+        return Ok((token.clone(), info.clone()));
+    }
+    if fresh(current.sa_exp, now) {
+        let bound = current.pod.as_ref().map(|(n, u)| (n.as_str(), u.as_str()));
+        let info = check_token(&current.sa_token, namespace, service_account, bound, now)?;
+        return Ok((current.sa_token.clone(), info));
+    }
+    match (inner.config.token_request, pod) {
+        (true, Some(pod)) => request_token(inner, namespace, service_account, pod, deadline).await,
+        _ => Err(AuthError::CannotRenew {
+            identity: current.identity.clone(),
+            reason: "its service-account token expired and no TokenRequest can replace it \
+                     (token requests off, or no pod to bind one to)",
+        }),
+    }
+}
+
+/// A workload session's refresh ahead of its expiry, started by the mount that found it
+/// due: with that mount's token (proven) while it is valid, else the session's own, else a
+/// TokenRequest bound to that mount's pod.
+struct AheadRefresh {
+    inner: std::sync::Weak<Inner>,
+    key: (String, String),
+    /// The session refreshed.
+    current: Session,
+    supplied: Option<(SecretString, TokenInfo)>,
+    pod: Option<(String, String)>,
+}
+
+impl Refresh for AheadRefresh {
+    type Key = (String, String);
+    type Session = Session;
+
+    fn key(&self) -> &(String, String) {
+        &self.key
+    }
+
+    fn identity(&self) -> Identity {
+        self.current.identity.clone()
+    }
+
+    fn now(&self) -> SystemTime {
+        self.inner
+            .upgrade()
+            .map_or_else(SystemTime::now, |inner| inner.now())
+    }
+
+    fn serves_until(&self) -> SystemTime {
+        self.current
+            .exp
+            .checked_sub(REFRESH_MARGIN)
+            .unwrap_or(self.current.exp)
+    }
+
+    async fn serves(&self) -> bool {
+        let Some(inner) = self.inner.upgrade() else {
+            return false;
+        };
+        let cached = inner.workloads.get(&self.key).await;
+        cached.is_some_and(|s| s.same(&self.current) && s.valid(inner.now()))
+    }
+
+    async fn attempt(&self) -> Result<Session, AuthError> {
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or(AuthError::Internal("the principals are gone"))?;
+        let who = (self.key.0.as_str(), self.key.1.as_str());
+        // Its namespace's turn within the attempt, as a mount's: a refresh takes no turn
+        // far ahead of the new identities' mounts. Without one it is tried again later
+        // while the session serves on: the pace delays a refresh, it fails no mount.
+        let deadline = tokio::time::Instant::now() + ATTEMPT_TIMEOUT;
+        before_exchange(&inner, who, deadline).await?;
+        let pod = self.pod.clone().or_else(|| self.current.pod.clone());
+        let refresh = async {
+            let supplied = self.supplied.as_ref();
+            let (token, info) =
+                renewal_token(&inner, who, &self.current, supplied, pod.as_ref(), deadline).await?;
+            exchange(&inner, who, token, info, pod, deadline).await
+        };
+        inner.counted(inner.workload_kind, "ahead", refresh).await
+    }
+
+    async fn store(&self, session: &Session) {
+        if let Some(inner) = self.inner.upgrade() {
+            let current = &self.current;
+            (inner.workloads)
+                .replace_if(&self.key, session.clone(), |s| s.same(current))
+                .await;
+        }
+    }
 }
 
 /// A token of the provider's own TokenRequest: proven by where it came from (the API
@@ -486,18 +586,17 @@ async fn request_token(
 }
 
 /// One exchange of `token` by the node's mechanism, with a session key no token is bound to
-/// (fresh, or a refused exchange's); a definite refusal is remembered.
+/// (generated ahead, or a refused exchange's); a definite refusal is remembered.
 async fn exchange(
     inner: &Inner,
-    namespace: &str,
-    service_account: &str,
+    who: (&str, &str),
     token: SecretString,
     info: TokenInfo,
     pod: Option<(String, String)>,
     deadline: tokio::time::Instant,
 ) -> Result<Session, AuthError> {
-    let who = (namespace, service_account);
-    let key = inner.spare_keys.take().await?;
+    let (namespace, service_account) = who;
+    let key = inner.session_keys.take().await?;
     let exchanged = match &inner.config.workload_mechanism {
         WorkloadMechanism::Oke => {
             super::proxymux::exchange(inner, who, &token, &key, deadline).await
@@ -509,7 +608,7 @@ async fn exchange(
     let exchanged = match exchanged {
         Ok(exchanged) => exchanged,
         Err(error) => {
-            inner.spare_keys.give_back(key, &error);
+            inner.session_keys.give_back(key, &error);
             let error = inner
                 .refusals
                 .remember(namespace, service_account, error, inner.now());

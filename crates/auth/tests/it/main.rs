@@ -1,5 +1,6 @@
 //! Integration tests of `oci-csi-auth`: one binary (STYLE.md), one module per area.
 
+mod ahead;
 mod federation;
 mod keys;
 mod layer;

@@ -859,21 +859,36 @@ async fn twenty_identities_make_twenty_exchanges_and_at_most_twenty_token_reques
 }
 
 #[tokio::test]
-async fn rpst_is_refreshed_only_within_five_minutes_of_expiry_with_a_new_session_key() {
+async fn an_rpst_is_refreshed_in_the_background_from_half_its_life_with_a_new_session_key() {
     let fx = start(base_seed(), |_, _| {}).await;
     let token = sa_token(&fx, SA, Duration::from_secs(3 * 3600));
     let mount = || with_token(request(PrincipalKind::Workload, SA), token.clone());
     let t0 = fx.clock.now_for_test();
     let established = fx.principals.establish(&mount()).await.unwrap();
     let first = established.session.key().clone();
-    // The emulator's RPSTs live 1200 s: expiry at t0 + 1200.
-    fx.clock.set(t0 + Duration::from_secs(1200 - 301));
+    // The emulator's RPSTs live 1200 s: due at half-life, 600 s.
+    fx.clock.set(t0 + Duration::from_secs(599));
     fx.principals.establish(&mount()).await.unwrap();
-    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 1);
-    fx.clock.set(t0 + Duration::from_secs(1200 - 299));
-    let again = fx.principals.establish(&mount()).await.unwrap();
+    fx.clock.set(t0 + Duration::from_secs(600));
+    let due = fx.principals.establish(&mount()).await.unwrap();
+    assert_eq!(
+        due.session.key().key_id().expose_secret(),
+        first.key_id().expose_secret(),
+        "served the valid session"
+    );
+    fx.emu
+        .wait_for(WAIT, |s| s.proxymux_exchanges(NS, SA) == 2)
+        .await
+        .unwrap();
+    let mut again = due;
+    for _ in 0..1000 {
+        again = fx.principals.establish(&mount()).await.unwrap();
+        if again.session.key().key_id().expose_secret() != first.key_id().expose_secret() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(again.identity(), established.identity());
-    assert_eq!(fx.emu.stats().proxymux_exchanges(NS, SA), 2);
     let second = again.session.key().clone();
     assert_ne!(
         first.key().public_key_pem(),

@@ -8,8 +8,8 @@
 //! account token as is) and `subject_token_type=jwt`; the client authenticated by HTTP
 //! Basic (the confidential application) or by the node's instance principal signature.
 //! The answer `{"token": "<jwt>"}` is read within a budget; the session token's `exp` and
-//! `iat` say when it is refreshed: at the earlier of five minutes before it expires and
-//! half its lifetime. A 5xx, a 429 or a broken connection is tried again (three attempts,
+//! `iat` say when it is refreshed in the background: at the earlier of five minutes before
+//! it expires and half its lifetime. A 5xx, a 429 or a broken connection is tried again (three attempts,
 //! within the mount's deadline); a refusal is not.
 
 mod config;
@@ -27,7 +27,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use secrecy::{ExposeSecret as _, SecretString};
 use zeroize::Zeroizing;
 
-use super::{Exchanged, Inner, REFRESH_MARGIN};
+use super::{Exchanged, Inner, refresh_at};
 use crate::error::{AuthError, Endpoint, ErrorKind};
 use crate::remote::{build, form_urlencoded, send};
 use crate::signing::{KeyId, SignatureProfile, sign_request};
@@ -306,14 +306,6 @@ pub(crate) fn answer(
         return Err("its exp is not after its iat");
     }
     Ok((token, exp, issued))
-}
-
-/// When a session token issued at `issued` and expiring at `exp` is exchanged again: at
-/// the earlier of five minutes before `exp` and half its lifetime.
-pub(crate) fn refresh_at(issued: SystemTime, exp: SystemTime) -> SystemTime {
-    let lifetime = exp.duration_since(issued).unwrap_or_default();
-    let margin = exp.checked_sub(REFRESH_MARGIN).unwrap_or(issued);
-    (issued + lifetime / 2).min(margin).max(issued)
 }
 
 /// The error of an exchange the domain answered other than 200: its status, its OAuth
