@@ -294,7 +294,31 @@ where
         key: &K,
         deadline: tokio::time::Instant,
         usable: impl Fn(&V) -> bool,
+        fetch: F,
+    ) -> Result<(V, Lookup), E>
+    where
+        F: FnMut(Option<V>) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: JoinError,
+    {
+        let stale = match self.stored(key, &usable).await {
+            Ok(hit) => return Ok((hit, Lookup::Hit)),
+            Err(stale) => stale,
+        };
+        // The miss in a box of its own: a hit, what almost every call is, then makes and
+        // moves a future of a few words, not one holding the fetch's (kilobytes for an
+        // exchange or a signed request, copied on every call).
+        Box::pin(self.fetch_after_miss(key, deadline, usable, fetch, stale)).await
+    }
+
+    /// [`Cache::get_or_fetch`] after a miss (`stale`: what was stored, if anything).
+    async fn fetch_after_miss<F, Fut, E>(
+        &self,
+        key: &K,
+        deadline: tokio::time::Instant,
+        usable: impl Fn(&V) -> bool,
         mut fetch: F,
+        mut stale: Option<V>,
     ) -> Result<(V, Lookup), E>
     where
         F: FnMut(Option<V>) -> Fut,
@@ -306,10 +330,6 @@ where
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let stale = match self.stored(key, &usable).await {
-                Ok(hit) => return Ok((hit, Lookup::Hit)),
-                Err(stale) => stale,
-            };
             let led = AtomicBool::new(false);
             let init = async {
                 led.store(true, Ordering::Relaxed);
@@ -332,6 +352,10 @@ where
             if let Some(answer) = self.settle(key, joined, flight, &usable).await {
                 return answer;
             }
+            stale = match self.stored(key, &usable).await {
+                Ok(hit) => return Ok((hit, Lookup::Hit)),
+                Err(stale) => stale,
+            };
         }
     }
 
