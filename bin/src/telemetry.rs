@@ -21,14 +21,29 @@ pub(crate) fn init(
             LEVELS.join(", ")
         );
     }
-    let filter = EnvFilter::builder().parse(&config.level).with_context(|| {
-        format!(
-            "log.level (--log-level) {:?} is not a level or filter directive",
-            config.level
-        )
-    })?;
+    let parse = || {
+        EnvFilter::builder().parse(&config.level).with_context(|| {
+            format!(
+                "log.level (--log-level) {:?} is not a level or filter directive",
+                config.level
+            )
+        })
+    };
+    let filter = parse()?;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
+    // The text or JSON log names a line's mount (its `mount` span: the pod, the class, the
+    // code, the calls that reached OCI); the spans within it (the identity, each fetch,
+    // each upstream request) are named too from `debug` on, and are always in the traces.
+    // At `info` a cached mount then makes one span and one line, not three spans whose
+    // fields are written out for no line (`cargo xtask instructions`).
+    let spans = if filter.max_level_hint() >= Some(tracing::level_filters::LevelFilter::DEBUG) {
+        TextSpans::All
+    } else {
+        TextSpans::MountOnly
+    };
     // Colours only on a terminal: a container's log file gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
@@ -39,14 +54,51 @@ pub(crate) fn init(
         LogFormat::Text => Box::new(fmt),
         LogFormat::Json => Box::new(fmt.json().flatten_event(true)),
     };
-    // The filter applies to logs and traces alike: spans below the level are not exported.
-    let otel = traces.map(crate::otel::layer);
+    let mut layers = vec![fmt.with_filter(filter.and(spans)).boxed()];
+    // The level applies to logs and traces alike: spans below it are not exported.
+    if let Some(traces) = traces {
+        layers.push(crate::otel::layer(traces).with_filter(parse()?).boxed());
+    }
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(otel)
+        .with(layers)
         .try_init()
         .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+}
+
+/// Which spans the text (or JSON) log names: every span, or only each mount's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TextSpans {
+    All,
+    MountOnly,
+}
+
+impl TextSpans {
+    fn shows(self, metadata: &tracing::Metadata<'_>) -> bool {
+        self == Self::All
+            || !metadata.is_span()
+            || (metadata.name() == "mount" && metadata.target() == "secrets_store_csi_grpc::server")
+    }
+}
+
+impl<S> tracing_subscriber::layer::Filter<S> for TextSpans {
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.shows(metadata)
+    }
+
+    fn callsite_enabled(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if self.shows(metadata) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
 }
 
 /// The text log's fields, written as tracing-subscriber's default writes them without
@@ -263,5 +315,40 @@ mod tests {
             "{ours}"
         );
         assert_eq!(ours, theirs);
+    }
+
+    fn text_of(spans: super::TextSpans) -> String {
+        use tracing_subscriber::Layer as _;
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .fmt_fields(TextFields)
+            .with_filter(spans);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            let mount = tracing::info_span!(target: "secrets_store_csi_grpc::server", "mount", pod.name = "web-0");
+            let _mount = mount.enter();
+            let fetch = tracing::info_span!("fetch secret", entry = 0_u64);
+            let _fetch = fetch.enter();
+            tracing::warn!("the primary region failed");
+        });
+        buffer.text()
+    }
+
+    #[test]
+    fn at_info_a_line_names_its_mount_and_from_debug_the_spans_within() {
+        let info = text_of(super::TextSpans::MountOnly);
+        assert!(
+            info.contains(r#"mount{pod.name="web-0"}: "#) && !info.contains("fetch secret"),
+            "{info}"
+        );
+        assert!(info.contains("the primary region failed"), "{info}");
+        let debug = text_of(super::TextSpans::All);
+        assert!(
+            debug.contains(r#"mount{pod.name="web-0"}:fetch secret{entry=0}: "#),
+            "{debug}"
+        );
     }
 }

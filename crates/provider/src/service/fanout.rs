@@ -3,6 +3,7 @@
 //! the byte budget, the running total stopping the mount as soon as it passes its size
 //! limit, and the first permanent failure cancelling the rest.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
@@ -142,22 +143,27 @@ fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
     if served == 0 || !(in_span || tracing::enabled!(tracing::Level::INFO)) {
         return;
     }
-    let list: Vec<String> = versions()
-        .filter_map(|(entry, version)| match version {
-            EntryVersion::Secret {
-                secret_id,
-                version,
-                lookup,
-                ..
-            } if lookup.is_shared() => Some(format!(
-                "secrets[{}] {secret_id} version {version} ({})",
+    let mut list = String::new();
+    for (entry, version) in versions() {
+        if let EntryVersion::Secret {
+            secret_id,
+            version,
+            lookup,
+            ..
+        } = version
+            && lookup.is_shared()
+        {
+            let comma = if list.is_empty() { "" } else { ", " };
+            let _ = write!(
+                list,
+                "{comma}secrets[{}] {secret_id} version {version} ({})",
                 entry.index,
                 lookup.as_str()
-            )),
-            _ => None,
-        })
-        .collect();
-    let served = format!("{} as {credential}", list.join(", "));
+            );
+        }
+    }
+    let _ = write!(list, " as {credential}");
+    let served = list;
     if in_span {
         span.record("served_without_oci", served);
     } else {
