@@ -160,7 +160,20 @@ pub struct AuthConfig {
     /// `[auth.workload]`: what serves `authType: workload` (OKE's proxymux, or workload
     /// identity federation at an identity domain).
     pub workload: crate::workload::WorkloadConfig,
+    /// Session keys (RSA-2048, ~100 ms of one core each) generated ahead for workload
+    /// exchanges and the instance principal, from start, at the lowest CPU priority: that
+    /// many new identities of a node (its pods after a reboot, a storm) wait for no key.
+    /// At most [`MAX_SESSION_KEYS_AHEAD`]; 0 keeps none.
+    pub session_keys_ahead: usize,
 }
+
+/// The most session keys `auth.session_keys_ahead` may keep (~3 KiB each).
+pub(crate) const MAX_SESSION_KEYS_AHEAD: usize = 256;
+
+/// The session keys kept ahead on a node by default: the service accounts of a node's pods
+/// mounting at once after a reboot, in most clusters; ~100 KiB and ~3 s of one core at
+/// start, behind the mounts.
+pub(crate) const DEFAULT_SESSION_KEYS_AHEAD: usize = 32;
 
 impl Default for AuthConfig {
     fn default() -> Self {
@@ -173,6 +186,7 @@ impl Default for AuthConfig {
             allowed_types: provider::AuthType::ALL.to_vec(),
             allowed_regions: Vec::new(),
             workload: crate::workload::WorkloadConfig::default(),
+            session_keys_ahead: DEFAULT_SESSION_KEYS_AHEAD,
         }
     }
 }
@@ -415,6 +429,12 @@ impl Config {
             if value == 0 {
                 return Err(ConfigError(format!("{key} must be at least 1")));
             }
+        }
+        if self.auth.session_keys_ahead > MAX_SESSION_KEYS_AHEAD {
+            return Err(ConfigError(format!(
+                "auth.session_keys_ahead is {}; at most {MAX_SESSION_KEYS_AHEAD} keys are kept ahead",
+                self.auth.session_keys_ahead
+            )));
         }
         Ok(())
     }

@@ -168,6 +168,28 @@ pub(crate) fn regions(config: &Config, env: &BTreeMap<String, String>) -> anyhow
     .context("cannot read the regions")
 }
 
+/// The principals over the transport. Workload exchanges and the instance principal's
+/// federations take a session key each: generated ahead from now, so the node's first pods
+/// wait for none.
+fn principals(
+    config: &Config,
+    principals_config: PrincipalsConfig,
+    http: &transport::HttpService,
+    clock: &SharedClock,
+) -> anyhow::Result<Principals> {
+    let principals = Principals::new(principals_config, http.clone(), clock.clone())
+        .context("cannot set up the OCI principals")?;
+    if config
+        .auth
+        .allowed_types
+        .iter()
+        .any(|t| matches!(t, provider::AuthType::Workload | provider::AuthType::Instance))
+    {
+        principals.fill_session_keys();
+    }
+    Ok(principals)
+}
+
 /// The principals' configuration: the region, `[auth]` and where each identity endpoint
 /// is (federation, instance metadata, proxymux, the Kubernetes API).
 pub(crate) fn principals_config(config: &Config, regions: Regions) -> PrincipalsConfig {
@@ -192,6 +214,7 @@ pub(crate) fn principals_config(config: &Config, regions: Regions) -> Principals
         refusal_memory: Duration::from_secs(config.auth.workload.refusal_memory_seconds),
         namespace_exchanges_per_minute: config.auth.workload.namespace_exchanges_per_minute,
         namespace_exchange_burst: config.auth.workload.namespace_exchange_burst,
+        session_keys_ahead: config.auth.session_keys_ahead,
         ..PrincipalsConfig::default()
     }
 }
@@ -238,8 +261,7 @@ pub(crate) fn build(
     let node_taint = node_taint(config, &principals_config, &http)?;
 
     // 2. Identities over the transport; requests signed with the session each carries.
-    let principals = Principals::new(principals_config, http.clone(), clock.clone())
-        .context("cannot set up the OCI principals")?;
+    let principals = principals(config, principals_config, &http, &clock)?;
     let signing = SigningLayer::new(clock.clone()).layer(http);
 
     // 3. The fetch stacks over the signed client, one layer per concern.

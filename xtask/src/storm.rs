@@ -202,10 +202,16 @@ async fn storm(emulator_dir: &Path, provider_bin: &Path, options: &Options) -> a
     // The provider's defaults (64 slots, a share of 16 per namespace) but for the log level
     // and the cache's TTL, settings every release accepts.
     let ttl = options.ttl.to_string();
-    let env = [
+    let mut env = vec![
         ("OCI_PROVIDER_LOG__LEVEL", "error"),
         ("OCI_PROVIDER_CACHE__BUNDLE_TTL_SECONDS", ttl.as_str()),
     ];
+    // This build keeps 32 session keys ahead by default; a storm of more identities gets a
+    // pool its size (an older release reads no such setting).
+    let keys = options.identities.clamp(32, 256).to_string();
+    if options.provider_bin.is_none() {
+        env.push(("OCI_PROVIDER_AUTH__SESSION_KEYS_AHEAD", keys.as_str()));
+    }
     let provider = Provider::start_binary(provider_bin, &config, &dir, &env).await?;
     println!(
         "storm: {} mounts of one secret ({} at once) by {} identities (workload {}, one \
@@ -239,6 +245,7 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
     if let Some(code) = warm {
         bail!("the warm-up mount failed: {code:?}");
     }
+    keys_ready(provider, options.identities).await?;
     let before = provider.metrics().await?;
     let mut all = Vec::new();
     for round in 1..=options.rounds {
@@ -292,6 +299,31 @@ async fn measure(provider: &Provider, options: &Options) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Waits (a minute at most) until the provider holds a session key for each identity of
+/// the storm, as a node's provider does seconds after it starts: the storm then measures
+/// the exchanges of new identities, not the provider's first seconds. A release without
+/// the pool (no `oci_provider_session_keys_ready`) is not waited for.
+async fn keys_ready(provider: &Provider, identities: usize) -> anyhow::Result<()> {
+    const READY: &str = "oci_provider_session_keys_ready";
+    let started = Instant::now();
+    loop {
+        let metrics = provider.metrics().await?;
+        if !metrics.contains(READY) {
+            return Ok(());
+        }
+        let ready = metric_sum(&metrics, READY);
+        // The warm-up's identity has its session already.
+        if ready + 1.0 >= identities as f64 || started.elapsed().as_secs() >= 60 {
+            println!(
+                "session keys ready before the storm: {ready:.0} (after {:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// The mounts of pods `first..` (`--mounts` of them): started together (a barrier

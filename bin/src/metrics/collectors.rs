@@ -319,12 +319,31 @@ impl ScrapeSources {
                     ("refused", guards.paced_refused),
                 ],
             ),
+            (
+                "session_keys_taken",
+                "Session keys (RSA-2048) taken by exchanges: ready (generated ahead), waited \
+                 (none was ready: the exchange waited for one; a storm of new identities \
+                 larger than auth.session_keys_ahead), reused (the key of an exchange answered \
+                 without a token)",
+                vec![
+                    ("ready", guards.keys_ready),
+                    ("waited", guards.keys_waited),
+                    ("reused", guards.keys_reused),
+                ],
+            ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (outcome, n) in counts {
                 ConstCounter::new(n).encode(family.encode_family(&OutcomeLabel { outcome })?)?;
             }
         }
+        let family = encoder.encode_descriptor(
+            "session_keys_ready",
+            "Session keys generated ahead and ready now (at most auth.session_keys_ahead)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(guards.keys_held as i64).encode(family)?;
         Ok(())
     }
 

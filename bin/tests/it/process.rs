@@ -91,6 +91,9 @@ impl Provider {
             .args(args)
             .env_clear()
             .env("OCI_PROVIDER_SERVER__BIND_ADDRESS", "127.0.0.1")
+            // A test's provider lives seconds and makes a few identities: the node's pool
+            // of 32 keys made ahead would be CPU spent for nothing (a test may set its own).
+            .env("OCI_PROVIDER_AUTH__SESSION_KEYS_AHEAD", "2")
             .envs(vars.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -125,6 +125,9 @@ pub struct PrincipalsConfig {
     /// The first wait before a failed refresh ahead of a session's expiry is tried again
     /// (doubled after each failure up to a minute, jittered).
     pub refresh_retry: Duration,
+    /// Session keys (RSA-2048) kept generated ahead of the exchanges that need them: a
+    /// node's new identities up to this many wait for no key. Zero keeps none.
+    pub session_keys_ahead: usize,
 }
 
 impl Default for PrincipalsConfig {
@@ -151,6 +154,7 @@ impl Default for PrincipalsConfig {
             namespace_exchanges_per_minute: DEFAULT_NAMESPACE_EXCHANGES_PER_MINUTE,
             namespace_exchange_burst: DEFAULT_NAMESPACE_EXCHANGE_BURST,
             refresh_retry: DEFAULT_REFRESH_RETRY,
+            session_keys_ahead: SESSION_KEYS_AHEAD,
         }
     }
 }
@@ -366,8 +370,10 @@ pub struct ExchangeGuards {
     pub keys_waited: u64,
     /// Keys of exchanges answered without a token, back for a later exchange.
     pub keys_reused: u64,
-    /// The most keys held ready at once (at most [`SESSION_KEYS_AHEAD`]).
+    /// The most keys held ready at once (at most [`PrincipalsConfig::session_keys_ahead`]).
     pub keys_most_held: u64,
+    /// The keys held ready now.
+    pub keys_held: u64,
 }
 
 /// The principals of the process: user keys, workload RPSTs and the instance token,
@@ -467,6 +473,13 @@ impl Principals {
             .collect()
     }
 
+    /// Starts generating the session keys kept ahead (in the background, one at a time, at
+    /// the lowest CPU priority), so that the first exchanges of a node wait for none. Each
+    /// take refills the pool in any case; this fills it before the first.
+    pub fn fill_session_keys(&self) {
+        self.inner.session_keys.fill();
+    }
+
     /// What guarded the workload exchanges so far: refusals remembered and served, turns of
     /// the namespaces' pace, session keys generated, taken and reused.
     pub fn exchange_guards(&self) -> ExchangeGuards {
@@ -487,6 +500,7 @@ impl Principals {
             keys_waited: keys.waited,
             keys_reused: keys.returned,
             keys_most_held: keys.most_held,
+            keys_held: keys.held,
         }
     }
 
@@ -565,6 +579,7 @@ impl Principals {
         );
         let (open, closed) = tokio::sync::watch::channel(());
         let retry = config.refresh_retry;
+        let keys_ahead = config.session_keys_ahead;
         Ok(Self {
             _open: Arc::new(open),
             inner: Arc::new_cyclic(|this| Inner {
@@ -582,7 +597,7 @@ impl Principals {
                 workload_kind,
                 refusals,
                 pace,
-                session_keys: Arc::new(session_keys::SessionKeys::new(closed.clone())),
+                session_keys: Arc::new(session_keys::SessionKeys::new(closed.clone(), keys_ahead)),
                 workload_ahead: Arc::new(ahead::Ahead::new(retry, closed.clone())),
                 instance_ahead: Arc::new(ahead::Ahead::new(retry, closed)),
                 issuer,

@@ -1,11 +1,14 @@
 //! Session keys, generated ahead of the mounts that need them. Every workload exchange and
 //! every federation of the instance principal sends the public half of a fresh RSA-2048 key,
-//! about 100 ms of one core to generate. [`SESSION_KEYS_AHEAD`] keys are kept ready: a mount
+//! about 100 ms of one core to generate. `PrincipalsConfig::session_keys_ahead` keys are kept
+//! ready ([`SESSION_KEYS_AHEAD`] by default; the DaemonSet fills its pool at start): a mount
 //! takes one at once, and each take starts a refill in the background unless one runs: one
-//! blocking task at a time, generating until the pool is full again, then ending. A mount
-//! that finds the pool empty waits for the key being generated and never starts a generation
-//! of its own, so however many identities arrive at once session keys take at most one core,
-//! and N new identities make at most N + [`SESSION_KEYS_AHEAD`] generations.
+//! thread at a time, at the lowest CPU priority (nice 19: a mount's work goes first on a busy
+//! or CPU-limited node), generating until the pool is full again, then ending. A mount that
+//! finds the pool empty waits for the key being generated and never starts a generation of
+//! its own, so however many identities arrive at once session keys take at most one core,
+//! and N new identities make at most N + the pool's size generations. A pool of size zero
+//! keeps nothing: each take generates its own key.
 //!
 //! A key is bound to a session only when an exchange answers with a token for it: the key of
 //! an exchange the endpoint answered with an error status (a refusal, a failure of the
@@ -28,6 +31,8 @@ use crate::error::{AuthError, Endpoint};
 pub const SESSION_KEYS_AHEAD: usize = 4;
 
 pub(super) struct SessionKeys {
+    /// The keys kept ready.
+    ahead: usize,
     state: std::sync::Mutex<State>,
     /// Told each time a key is added.
     added: Notify,
@@ -61,14 +66,17 @@ pub(super) struct KeyCounts {
     pub(super) waited: u64,
     /// Keys of exchanges answered without a token, back in the pool.
     pub(super) returned: u64,
-    /// The most keys the pool held at once (never more than [`SESSION_KEYS_AHEAD`]).
+    /// The most keys the pool held at once (never more than its size).
     pub(super) most_held: u64,
+    /// The keys held now.
+    pub(super) held: u64,
 }
 
 impl SessionKeys {
-    /// An empty pool; its refills end when `open`'s sender is dropped.
-    pub(super) fn new(open: watch::Receiver<()>) -> Self {
+    /// An empty pool of `ahead` keys; its refills end when `open`'s sender is dropped.
+    pub(super) fn new(open: watch::Receiver<()>, ahead: usize) -> Self {
         Self {
+            ahead,
             state: std::sync::Mutex::new(State::default()),
             added: Notify::new(),
             open,
@@ -104,10 +112,11 @@ impl SessionKeys {
                 failures = Some(state.failures);
                 self.refill(&mut state);
             }
-            if self.open.has_changed().is_err() {
-                // The principals are gone and nothing refills (a renewal in flight as the
-                // process stops): this key is generated for this take alone.
+            if self.ahead == 0 || self.open.has_changed().is_err() {
+                // No pool, or the principals are gone and nothing refills (a renewal in
+                // flight as the process stops): this key is generated for this take alone.
                 self.generated.fetch_add(1, Ordering::Relaxed);
+                self.waited.fetch_add(1, Ordering::Relaxed);
                 return generate().await.map(Arc::new);
             }
             waited = true;
@@ -126,7 +135,7 @@ impl SessionKeys {
             return;
         };
         let mut state = super::lock(&self.state);
-        if state.keys.len() < SESSION_KEYS_AHEAD {
+        if state.keys.len() < self.ahead {
             state.keys.push(key);
             state.most_held = state.most_held.max(state.keys.len());
             self.returned.fetch_add(1, Ordering::Relaxed);
@@ -135,8 +144,12 @@ impl SessionKeys {
     }
 
     pub(super) fn counts(&self) -> KeyCounts {
-        let most_held = super::lock(&self.state).most_held;
+        let (most_held, held) = {
+            let state = super::lock(&self.state);
+            (state.most_held, state.keys.len())
+        };
         KeyCounts {
+            held: held as u64,
             generated: self.generated.load(Ordering::Relaxed),
             ready: self.ready.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
@@ -145,9 +158,20 @@ impl SessionKeys {
         }
     }
 
+    /// Fills the pool in the background, ahead of the first exchange (the DaemonSet does at
+    /// start: the first pods of a node then wait for no key).
+    pub(super) fn fill(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // No runtime to refill on: the first take starts it.
+            return;
+        }
+        let mut state = super::lock(&self.state);
+        self.refill(&mut state);
+    }
+
     /// Starts the refill, unless one runs, the pool is full or the principals are gone.
     fn refill(self: &Arc<Self>, state: &mut State) {
-        if state.refilling || state.keys.len() >= SESSION_KEYS_AHEAD {
+        if state.refilling || state.keys.len() >= self.ahead {
             return;
         }
         state.refilling = super::spawn_until_closed(&self.open, refill(Arc::downgrade(self)));
@@ -158,7 +182,7 @@ impl SessionKeys {
 /// the pool only between generations.
 async fn refill(pool: Weak<SessionKeys>) {
     loop {
-        let generated = generate().await;
+        let generated = generate_behind_mounts().await;
         let Some(pool) = pool.upgrade() else {
             return;
         };
@@ -167,7 +191,7 @@ async fn refill(pool: Weak<SessionKeys>) {
             Ok(key) => {
                 pool.generated.fetch_add(1, Ordering::Relaxed);
                 // Full only if keys came back meanwhile: this one is dropped (and wiped).
-                if state.keys.len() < SESSION_KEYS_AHEAD {
+                if state.keys.len() < pool.ahead {
                     state.keys.push(key);
                     state.most_held = state.most_held.max(state.keys.len());
                     pool.added.notify_one();
@@ -182,14 +206,33 @@ async fn refill(pool: Weak<SessionKeys>) {
                 return;
             }
         }
-        if state.keys.len() >= SESSION_KEYS_AHEAD {
+        if state.keys.len() >= pool.ahead {
             state.refilling = false;
             return;
         }
     }
 }
 
-/// One RSA-2048 key, on the blocking pool.
+/// One RSA-2048 key for the pool, on a thread of its own at the lowest CPU priority (nice
+/// 19: the threads serving mounts run first when the node's CPU, or the container's
+/// quota, is short). The thread's priority stays its own; the blocking pool's threads,
+/// shared with other work, are not lowered.
+async fn generate_behind_mounts() -> Result<PrivateKey, AuthError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("session-keys".into())
+        .spawn(move || {
+            // Best effort: a seccomp profile may refuse it, and the key is needed anyway.
+            let _ = rustix::process::setpriority_process(None, 19);
+            let _ = tx.send(PrivateKey::generate_rsa_2048());
+        })
+        .map_err(|_| AuthError::Internal("the session key thread could not start"))?;
+    rx.await
+        .map_err(|_| AuthError::Internal("the key generation thread failed"))?
+        .map_err(AuthError::SessionKey)
+}
+
+/// One RSA-2048 key, on the blocking pool, for a take that found no pool to take from.
 async fn generate() -> Result<PrivateKey, AuthError> {
     tokio::task::spawn_blocking(PrivateKey::generate_rsa_2048)
         .await
@@ -231,7 +274,7 @@ mod tests {
 
     fn pool() -> (Arc<SessionKeys>, watch::Sender<()>) {
         let (open, closed) = watch::channel(());
-        (Arc::new(SessionKeys::new(closed)), open)
+        (Arc::new(SessionKeys::new(closed, SESSION_KEYS_AHEAD)), open)
     }
 
     /// Waits (real time: keys take real CPU) until the pool's counts satisfy `done`.
@@ -316,6 +359,31 @@ mod tests {
         keys.give_back(Arc::clone(&again), &refusal());
         keys.give_back(again, &AuthError::DeadlineExceeded("exchanging"));
         assert_eq!(keys.counts().returned, 1);
+    }
+
+    #[tokio::test]
+    async fn a_filled_pool_serves_its_first_takes_at_once_and_a_pool_of_none_generates_each() {
+        let (keys, _open) = pool();
+        keys.fill();
+        let counts = until(&keys, |c| c.held == SESSION_KEYS_AHEAD as u64).await;
+        assert_eq!(counts.generated, SESSION_KEYS_AHEAD as u64);
+        for _ in 0..SESSION_KEYS_AHEAD {
+            keys.take().await.unwrap();
+        }
+        assert_eq!(
+            (keys.counts().ready, keys.counts().waited),
+            (SESSION_KEYS_AHEAD as u64, 0)
+        );
+        let (open, closed) = watch::channel(());
+        let none = Arc::new(SessionKeys::new(closed, 0));
+        none.fill();
+        for _ in 0..2 {
+            none.take().await.unwrap();
+        }
+        let counts = none.counts();
+        assert_eq!((counts.generated, counts.waited, counts.held), (2, 2, 0));
+        assert!(!super::super::lock(&none.state).refilling);
+        drop(open);
     }
 
     #[tokio::test]
