@@ -179,12 +179,12 @@ fn principals(
 ) -> anyhow::Result<Principals> {
     let principals = Principals::new(principals_config, http.clone(), clock.clone())
         .context("cannot set up the OCI principals")?;
-    if config
-        .auth
-        .allowed_types
-        .iter()
-        .any(|t| matches!(t, provider::AuthType::Workload | provider::AuthType::Instance))
-    {
+    if config.auth.allowed_types.iter().any(|t| {
+        matches!(
+            t,
+            provider::AuthType::Workload | provider::AuthType::Instance
+        )
+    }) {
         principals.fill_session_keys();
     }
     Ok(principals)

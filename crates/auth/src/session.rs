@@ -103,7 +103,7 @@ impl Invalidated {
 /// One mount's established credential and its signing key. Cheap to clone.
 #[derive(Clone)]
 pub struct Session {
-    credential: Credential,
+    credential: Arc<Credential>,
     key: SigningKey,
     renewal: Option<Arc<dyn Renew>>,
     /// The principal's own region, where the credential was established: `None` when not
@@ -119,7 +119,7 @@ impl Session {
     /// a caller's own fixed key, or tests.
     pub fn fixed(credential: Credential, key: SigningKey) -> Self {
         Self {
-            credential,
+            credential: Arc::new(credential),
             key,
             renewal: None,
             home: None,
@@ -128,7 +128,7 @@ impl Session {
     }
 
     pub(crate) fn renewable(
-        credential: Credential,
+        credential: Arc<Credential>,
         key: SigningKey,
         renewal: Arc<dyn Renew>,
         home: Option<Region>,
@@ -162,6 +162,11 @@ impl Session {
 
     /// Exactly which credential this is (what cached answers are keyed by).
     pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
+    /// The credential, shared: what a cache key holds (a reference count, not a copy).
+    pub fn shared_credential(&self) -> &Arc<Credential> {
         &self.credential
     }
 

@@ -3,6 +3,8 @@
 //! identity; a region a SecretProviderClass names is resolved here, among the regions the
 //! provider knows (never a host); the operator's overrides (`[endpoints]`) come first.
 
+use std::sync::Arc;
+
 use std::collections::BTreeMap;
 
 use regions::{Region, RegionError, Regions};
@@ -27,12 +29,29 @@ pub struct EndpointOverrides {
 
 /// Resolves regions to endpoints. The default knows the built-in regions and has no
 /// overrides and no configured region.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Endpoints {
     regions: Regions,
     configured: Option<Region>,
     overrides: EndpointOverrides,
+    /// The endpoints of the regions mounts named lately, built once each (at most
+    /// [`MEMO_REGIONS`]: a node's mounts name a handful).
+    memo: std::sync::Mutex<Vec<Arc<RegionEndpoints>>>,
 }
+
+impl Clone for Endpoints {
+    fn clone(&self) -> Self {
+        Self {
+            regions: self.regions.clone(),
+            configured: self.configured.clone(),
+            overrides: self.overrides.clone(),
+            memo: std::sync::Mutex::default(),
+        }
+    }
+}
+
+/// The regions whose endpoints [`Endpoints`] keeps built.
+const MEMO_REGIONS: usize = 32;
 
 /// One region's endpoints, without a trailing slash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +106,7 @@ impl Endpoints {
             regions,
             configured,
             overrides,
+            memo: std::sync::Mutex::default(),
         })
     }
 
@@ -102,7 +122,26 @@ impl Endpoints {
     }
 
     /// The endpoints of a principal's region (`None`: not known; then only overrides).
-    pub fn of(&self, region: Option<&Region>) -> Result<RegionEndpoints, EndpointError> {
+    pub fn of(&self, region: Option<&Region>) -> Result<Arc<RegionEndpoints>, EndpointError> {
+        let same =
+            |e: &&Arc<RegionEndpoints>| e.region.as_ref().map(Region::id) == region.map(Region::id);
+        let memo = || {
+            self.memo
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(built) = memo().iter().find(same) {
+            return Ok(built.clone());
+        }
+        let built = Arc::new(self.build(region)?);
+        let mut memo = memo();
+        if memo.len() < MEMO_REGIONS && !memo.iter().any(|e| same(&e)) {
+            memo.push(built.clone());
+        }
+        Ok(built)
+    }
+
+    fn build(&self, region: Option<&Region>) -> Result<RegionEndpoints, EndpointError> {
         let o = &self.overrides;
         let secrets = pick(
             region,
@@ -145,7 +184,7 @@ impl Endpoints {
 
     /// The endpoints of a region a SecretProviderClass names: only a region id or short
     /// code of the built-in table or of the operator's region metadata.
-    pub fn named(&self, region: &str) -> Result<RegionEndpoints, EndpointError> {
+    pub fn named(&self, region: &str) -> Result<Arc<RegionEndpoints>, EndpointError> {
         let region = self.regions.resolve_known(region)?;
         self.of(Some(&region))
     }

@@ -193,9 +193,10 @@ impl RegionInfo {
 /// A resolved region: its id and the second-level domain of its realm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
-    id: String,
+    // Shared: a region is cloned into every mount's endpoints and sessions.
+    id: std::sync::Arc<str>,
     /// `None` when the region is itself a full domain (it contains a dot).
-    domain: Option<String>,
+    domain: Option<std::sync::Arc<str>>,
 }
 
 impl Region {
@@ -315,7 +316,7 @@ impl Regions {
         let region = region.to_ascii_lowercase();
         if region.contains('.') {
             return Ok(Region {
-                id: region,
+                id: region.into(),
                 domain: None,
             });
         }
@@ -323,11 +324,12 @@ impl Regions {
             return Ok(known);
         }
         Ok(Region {
-            id: region,
+            id: region.into(),
             domain: Some(
                 self.default_realm
                     .clone()
-                    .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned()),
+                    .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned())
+                    .into(),
             ),
         })
     }
@@ -363,8 +365,8 @@ impl Regions {
                 .find(|(key, _)| key == realm)
                 .map_or(DEFAULT_DOMAIN, |(_, domain)| domain);
             return Some(Region {
-                id: (*id).to_owned(),
-                domain: Some(domain.to_owned()),
+                id: (*id).into(),
+                domain: Some((*domain).into()),
             });
         }
         self.config_file
@@ -372,8 +374,8 @@ impl Regions {
             .chain(self.metadata.iter())
             .find(|info| info.knows(region))
             .map(|info| Region {
-                id: info.region_identifier.clone(),
-                domain: Some(info.realm_domain_component.clone()),
+                id: info.region_identifier.as_str().into(),
+                domain: Some(info.realm_domain_component.as_str().into()),
             })
     }
 }

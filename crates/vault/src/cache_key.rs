@@ -28,7 +28,7 @@ pub enum BundleType {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BundleKey {
     /// Who fetched it.
-    pub credential: Credential,
+    pub credential: std::sync::Arc<Credential>,
     /// Which API.
     pub api: Api,
     /// The endpoint, which names the region (`https://secrets.vaults.{region}...`).
@@ -59,7 +59,7 @@ impl cache::CacheKey for SecretRequest {
             backoff: _,
         } = self;
         BundleKey {
-            credential: session.credential().clone(),
+            credential: session.shared_credential().clone(),
             api: Api::Secrets,
             endpoint: base_url.trim_end_matches('/').to_owned(),
             secret: secret.clone(),

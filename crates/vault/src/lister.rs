@@ -85,7 +85,7 @@ impl cache::CacheValue for Listing {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ListKey {
     /// Who listed.
-    pub credential: Credential,
+    pub credential: std::sync::Arc<Credential>,
     /// The endpoint, which names the region.
     pub endpoint: String,
     /// What was listed.
@@ -107,7 +107,7 @@ impl cache::CacheKey for ListRequest {
             pages: _,
         } = self;
         ListKey {
-            credential: session.credential().clone(),
+            credential: session.shared_credential().clone(),
             endpoint: base_url.trim_end_matches('/').to_owned(),
             kind: kind.clone(),
         }

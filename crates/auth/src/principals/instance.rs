@@ -29,7 +29,7 @@ pub(crate) struct Session {
     /// From when it is refreshed in the background; it serves on meanwhile.
     refresh_at: SystemTime,
     /// The tenancy and instance of the certificate that was federated.
-    credential: Credential,
+    credential: Arc<Credential>,
     /// Set when OCI refused the token, so the next signing federates again.
     pub(crate) invalidated: Arc<AtomicBool>,
 }
@@ -324,10 +324,10 @@ async fn federate(inner: &Inner, deadline: tokio::time::Instant) -> Result<Sessi
         key: SigningKey::new(KeyId::security_token(&token), session),
         exp,
         refresh_at: refresh_at(issued, exp),
-        credential: Credential::Instance {
+        credential: Arc::new(Credential::Instance {
             tenancy: leaf.tenancy,
             instance: leaf.instance,
-        },
+        }),
         invalidated: Arc::new(AtomicBool::new(false)),
     })
 }

@@ -21,7 +21,7 @@ use regions::Region;
 pub(crate) struct UserKey {
     key: SigningKey,
     region: Region,
-    credential: Credential,
+    credential: Arc<Credential>,
 }
 
 impl cache::CacheValue for UserKey {
@@ -36,7 +36,7 @@ impl cache::CacheValue for UserKey {
             key_fingerprint,
             user,
             tenancy,
-        } = &self.credential
+        } = &*self.credential
         else {
             return super::CREDENTIAL_BYTES;
         };
@@ -284,14 +284,14 @@ async fn load(
     Ok(UserKey {
         key: signing_key(key, &config, (namespace, name)),
         region,
-        credential: Credential::User {
+        credential: Arc::new(Credential::User {
             namespace: namespace.to_owned(),
             secret_name: name.to_owned(),
             resource_version: version.unwrap_or_default(),
             key_fingerprint: actual,
             user: config.user,
             tenancy: config.tenancy,
-        },
+        }),
     })
 }
 
@@ -527,14 +527,14 @@ pub fn load_user_secret_for_tests(body: &[u8]) -> Result<usize, String> {
     let loaded = UserKey {
         key: signing_key(key, &config, ("ns", "secret")),
         region,
-        credential: Credential::User {
+        credential: Arc::new(Credential::User {
             namespace: "ns".into(),
             secret_name: "secret".into(),
             resource_version: secret.resource_version.unwrap_or_default(),
             key_fingerprint: fingerprint,
             user: config.user,
             tenancy: config.tenancy,
-        },
+        }),
     };
     Ok(cache::CacheValue::bytes(&loaded))
 }

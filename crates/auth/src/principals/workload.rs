@@ -20,11 +20,23 @@ use crate::signing::{BoxFuture, KeyId, SigningKey};
 use crate::{Credential, Identity, jwt};
 
 /// A workload's session token (an RPST, or the identity domain's UPST or RPST) with its
-/// session key, and what is needed to renew it.
+/// session key, and what is needed to renew it. Shared: every mount of the identity takes
+/// a clone from the cache, one reference count, not the names and tokens copied.
 #[derive(Clone, Debug)]
-pub(crate) struct Session {
+pub(crate) struct Session(Arc<SessionState>);
+
+impl std::ops::Deref for Session {
+    type Target = SessionState;
+    fn deref(&self) -> &SessionState {
+        &self.0
+    }
+}
+
+/// What a [`Session`] holds.
+#[derive(Debug)]
+pub(crate) struct SessionState {
     pub(crate) identity: Identity,
-    credential: Credential,
+    credential: Arc<Credential>,
     key: SigningKey,
     exp: SystemTime,
     /// From when it is refreshed in the background (the mechanism says); it serves on
@@ -52,7 +64,7 @@ impl cache::CacheValue for Session {
     }
 }
 
-impl Session {
+impl SessionState {
     /// Still good to sign with (OCI has not refused it, and it expires more than five
     /// minutes from now), though perhaps due for a refresh: it serves mounts.
     fn valid(&self, now: SystemTime) -> bool {
@@ -446,7 +458,7 @@ async fn renew(
             reason: "the service account was recreated since the mount established it",
         });
     }
-    Ok(session.key)
+    Ok(session.key.clone())
 }
 
 /// The service-account token a renewal exchanges: `supplied` (a mount's own, proven) while
@@ -621,9 +633,9 @@ async fn exchange(
         service_account: service_account.to_owned(),
         service_account_uid: info.uid,
     };
-    Ok(Session {
+    Ok(Session(Arc::new(SessionState {
         identity: credential.identity(),
-        credential,
+        credential: Arc::new(credential),
         key: SigningKey::new(KeyId::security_token(&exchanged.token), exchanged.key),
         exp: exchanged.exp,
         refresh_at: exchanged.refresh_at,
@@ -631,5 +643,5 @@ async fn exchange(
         sa_exp: info.exp,
         pod,
         invalidated: Arc::new(AtomicBool::new(false)),
-    })
+    })))
 }

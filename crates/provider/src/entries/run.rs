@@ -198,7 +198,7 @@ pub(crate) struct Targets {
 
 /// One region's endpoints and the mount's session for requests to them.
 pub(crate) struct Target {
-    pub(crate) endpoints: RegionEndpoints,
+    pub(crate) endpoints: std::sync::Arc<RegionEndpoints>,
     /// The established session told the region its requests go to: the region is decided
     /// here, where the URL is, not by the signing layer from a host (the operator's
     /// overrides may map regions to any host). A 401 from a region the class named, other

@@ -77,7 +77,7 @@ pub(super) fn targets(
             Some(target)
         }
     };
-    let target = |endpoints: RegionEndpoints| Target {
+    let target = |endpoints: std::sync::Arc<RegionEndpoints>| Target {
         session: established.session.toward(endpoints.region.as_ref()),
         endpoints,
     };
