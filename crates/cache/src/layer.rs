@@ -65,7 +65,7 @@ impl<S, K, V> Layer<S> for CacheLayer<K, V> {
 
     fn layer(&self, inner: S) -> Self::Service {
         CacheService {
-            inner,
+            inner: std::sync::Arc::new(inner),
             cache: self.cache.clone(),
         }
     }
@@ -74,11 +74,13 @@ impl<S, K, V> Layer<S> for CacheLayer<K, V> {
 /// The service [`CacheLayer`] builds. Always ready: the inner service is driven to
 /// readiness by whichever request calls it.
 pub struct CacheService<S, K, V> {
-    inner: S,
+    // Shared: a hit never calls it, so a call copies it (a fetch stack of boxed services)
+    // only when it misses.
+    inner: std::sync::Arc<S>,
     cache: Cache<K, V>,
 }
 
-impl<S: Clone, K, V> Clone for CacheService<S, K, V> {
+impl<S, K, V> Clone for CacheService<S, K, V> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -127,7 +129,7 @@ where
                     &key,
                     deadline,
                     |_| true,
-                    |_stale| inner.clone().oneshot(request.clone()),
+                    |_stale| S::clone(&inner).oneshot(request.clone()),
                 )
                 .await?;
             Ok(Cached { value, lookup })

@@ -108,13 +108,15 @@ where
     }
 
     fn call(&mut self, request: WithFailover<R>) -> Self::Future {
+        // The service for the failover region only when the entry has one.
+        let second = request.failover.as_ref().map(|_| self.inner.clone());
         let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone.clone());
+        let mut ready = std::mem::replace(&mut self.inner, clone);
         let stats = self.stats.clone();
         Box::pin(async move {
             let WithFailover { primary, failover } = request;
-            let (answer, served) = match (ready.call(primary).await, failover) {
-                (Err(Refused::Failed(err)), Some((region, again))) if fails_over(&err) => {
+            let (answer, served) = match (ready.call(primary).await, failover.zip(second)) {
+                (Err(Refused::Failed(err)), Some(((region, again), clone))) if fails_over(&err) => {
                     tracing::warn!(
                         %region,
                         error = %crate::failure::chain(&err),

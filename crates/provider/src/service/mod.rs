@@ -30,8 +30,13 @@ use crate::layers::budget::MountBytes;
 use crate::params::{AuthSpec, MountParameters};
 
 /// The OCI mount service that `csi-grpc` calls: parameters, identity, then the entries
-/// fetched concurrently (bounded), all or nothing.
+/// fetched concurrently (bounded), all or nothing. Cloned per request (by tonic, by the
+/// edge's layers): a reference count, not a copy of every fetch stack it holds.
 pub struct OciMount<A, V, C, L = NoListings> {
+    shared: Arc<Shared<A, V, C, L>>,
+}
+
+struct Shared<A, V, C, L> {
     auth: A,
     // The fetch services answer `Held`, which only the byte budget's layer makes: every
     // fetch passes through it.
@@ -41,14 +46,10 @@ pub struct OciMount<A, V, C, L = NoListings> {
     config: Arc<MountContext>,
 }
 
-impl<A: Clone, V: Clone, C: Clone, L: Clone> Clone for OciMount<A, V, C, L> {
+impl<A, V, C, L> Clone for OciMount<A, V, C, L> {
     fn clone(&self) -> Self {
         Self {
-            auth: self.auth.clone(),
-            secrets: self.secrets.clone(),
-            certificates: self.certificates.clone(),
-            listings: self.listings.clone(),
-            config: self.config.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -56,7 +57,7 @@ impl<A: Clone, V: Clone, C: Clone, L: Clone> Clone for OciMount<A, V, C, L> {
 impl<A, V, C, L> fmt::Debug for OciMount<A, V, C, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OciMount")
-            .field("config", &self.config)
+            .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
 }
@@ -70,25 +71,30 @@ impl<A, V, C> OciMount<A, V, C> {
     /// entries fail until [`OciMount::with_listings`] gives it one.
     pub fn new(auth: A, secrets: V, certificates: C, config: MountContext) -> Self {
         Self {
-            auth,
-            secrets,
-            certificates,
-            listings: NoListings,
-            config: Arc::new(config),
+            shared: Arc::new(Shared {
+                auth,
+                secrets,
+                certificates,
+                listings: NoListings,
+                config: Arc::new(config),
+            }),
         }
     }
 }
 
-impl<A, V, C, L> OciMount<A, V, C, L> {
+impl<A: Clone, V: Clone, C: Clone, L> OciMount<A, V, C, L> {
     /// The same service making the listings of `versions`, `tag` and `namePrefix` entries
     /// through `listings` (the byte budget's layer over the listing stack).
     pub fn with_listings<M>(self, listings: M) -> OciMount<A, V, C, M> {
+        let shared = &self.shared;
         OciMount {
-            auth: self.auth,
-            secrets: self.secrets,
-            certificates: self.certificates,
-            listings,
-            config: self.config,
+            shared: Arc::new(Shared {
+                auth: shared.auth.clone(),
+                secrets: shared.secrets.clone(),
+                certificates: shared.certificates.clone(),
+                listings,
+                config: shared.config.clone(),
+            }),
         }
     }
 }
@@ -102,7 +108,7 @@ where
 {
     /// `[auth] allowed_types`: another type is PermissionDenied before any upstream call.
     fn check_allowed_type(&self, auth_type: crate::params::AuthType) -> Result<(), MountError> {
-        let allowed = &self.config.allowed_types;
+        let allowed = &self.shared.config.allowed_types;
         if allowed.contains(&auth_type) {
             return Ok(());
         }
@@ -120,63 +126,70 @@ where
     async fn mount(self, request: MountRequest) -> Result<MountResponse, MountError> {
         let namespace = request.pod.namespace.as_deref().unwrap_or("");
         let limits = crate::params::ParseLimits {
-            max_secrets: self.config.max_secrets,
-            max_files: self.config.max_files,
+            max_secrets: self.shared.config.max_secrets,
+            max_files: self.shared.config.max_files,
         };
         // A class parsed lately with these parameters is served as it was parsed; else it is
         // parsed, what parsing may allocate held in the budget while it runs.
-        let params =
-            self.config
-                .classes
-                .get_or_parse(&request.attributes, &request.pod, limits, || {
-                    let attributes: usize = request
-                        .attributes
-                        .iter()
-                        .map(|(key, value)| key.len() + value.len())
-                        .sum();
-                    let _parsing = self.config.reserve(
-                        namespace,
-                        attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
-                        "reading the SecretProviderClass parameters",
-                    )?;
-                    // A misspelt parameter is never fatal (the driver passes attributes of its
-                    // own), but the operator reading the log is told what was meant.
-                    for warning in MountParameters::warnings(&request.attributes) {
-                        tracing::warn!(%warning, "SecretProviderClass parameter");
-                    }
-                    MountParameters::parse_within(&request.attributes, &request.pod, limits)
-                        .map_err(MountError::from)
-                })?;
+        let params = self.shared.config.classes.get_or_parse(
+            &request.attributes,
+            &request.pod,
+            limits,
+            || {
+                let attributes: usize = request
+                    .attributes
+                    .iter()
+                    .map(|(key, value)| key.len() + value.len())
+                    .sum();
+                let _parsing = self.shared.config.reserve(
+                    namespace,
+                    attributes.saturating_mul(crate::params::PARSE_BYTES_PER_BYTE),
+                    "reading the SecretProviderClass parameters",
+                )?;
+                // A misspelt parameter is never fatal (the driver passes attributes of its
+                // own), but the operator reading the log is told what was meant.
+                for warning in MountParameters::warnings(&request.attributes) {
+                    tracing::warn!(%warning, "SecretProviderClass parameter");
+                }
+                MountParameters::parse_within(&request.attributes, &request.pod, limits)
+                    .map_err(MountError::from)
+            },
+        )?;
         let auth_type = params.auth.auth_type();
         self.check_allowed_type(auth_type)?;
         if auth_type == crate::params::AuthType::Workload {
             // Workload identity's region is the configured one: a mount no endpoint could
             // serve is refused before its token is exchanged.
-            let endpoints = &self.config.endpoints;
+            let endpoints = &self.shared.config.endpoints;
             endpoints
                 .of(endpoints.configured_region())
                 .map_err(endpoint_error)?;
         }
         let established = tracing::Instrument::instrument(
-            self.auth
+            self.shared
+                .auth
                 .clone()
                 .oneshot(identity_request(&params, &request)),
             tracing::info_span!("establish identity", principal = auth_type.as_str()),
         )
         .await
         .map_err(auth_error)?;
-        let targets = targets::targets(&self.config, &params, &established)?;
+        let targets = targets::targets(&self.shared.config, &params, &established)?;
         let run = MountRun {
-            config: &self.config,
+            config: &self.shared.config,
             request: &request,
             namespace,
-            mount: MountBytes::new(namespace, self.config.max_total_bytes),
-            permits: Arc::new(Semaphore::new(self.config.fan_out.max(1))),
-            pages: vault::Pages::at_most(self.config.max_listing_pages),
+            mount: MountBytes::new(namespace, self.shared.config.max_total_bytes),
+            permits: Arc::new(Semaphore::new(self.shared.config.fan_out.max(1))),
+            pages: vault::Pages::at_most(self.shared.config.max_listing_pages),
         };
         let mut entries = fanout::fetch_all(
             &run,
-            (&self.secrets, &self.certificates, &self.listings),
+            (
+                &self.shared.secrets,
+                &self.shared.certificates,
+                &self.shared.listings,
+            ),
             &params,
             &established,
             &targets,
@@ -185,7 +198,7 @@ where
         let templates = params.templates();
         let rendered = render_templates(&run, &templates, &mut entries).await?;
         entries.extend(rendered);
-        answer(entries, &params, &self.config)
+        answer(entries, &params, &self.shared.config)
     }
 }
 
