@@ -122,6 +122,22 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for TextFields {
         fields.record(&mut visitor);
         visitor.result
     }
+
+    /// A space before each field written (a field left to the traces adds none).
+    fn add_fields(
+        &self,
+        current: &'w mut tracing_subscriber::fmt::FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> std::fmt::Result {
+        let padded = !current.fields.is_empty();
+        let mut visitor = TextVisitor {
+            writer: current.as_writer(),
+            padded,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
 }
 
 struct TextVisitor<'w> {
@@ -131,10 +147,12 @@ struct TextVisitor<'w> {
 }
 
 impl TextVisitor<'_> {
-    /// Whether the field is written (the `log` crate's metadata fields are not), with the
-    /// space before it if it is not the first.
+    /// Whether the field is written (the `log` crate's metadata fields are not, nor the
+    /// OpenTelemetry conventions a trace reads: `otel.kind`, `rpc.system`, `rpc.service`,
+    /// `rpc.method`, `rpc.grpc.status_code`, the same on every mount and said by its line's
+    /// `code`), with the space before it if it is not the first.
     fn start(&mut self, name: &str) -> bool {
-        if self.result.is_err() || name.starts_with("log.") {
+        if self.result.is_err() || skipped(name) {
             return false;
         }
         if self.padded {
@@ -143,6 +161,11 @@ impl TextVisitor<'_> {
         self.padded = true;
         self.result.is_ok()
     }
+}
+
+/// The fields the text log leaves to the traces (and the `log` crate's metadata).
+fn skipped(name: &str) -> bool {
+    name.starts_with("log.") || name.starts_with("otel.") || name.starts_with("rpc.")
 }
 
 /// Whether `{:?}` of `value` is `value` in quotes: printable ASCII without `"` or `\`.
@@ -155,6 +178,9 @@ fn plain(value: &str) -> bool {
 impl tracing::field::Visit for TextVisitor<'_> {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         let name = field.name();
+        if skipped(name) {
+            return;
+        }
         if name == "message" || !plain(value) {
             self.record_debug(field, &value);
             return;
@@ -289,7 +315,6 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!(
                 "mount",
-                otel.kind = "server",
                 pod.name = Some("web-0"),
                 r#type = "raw",
                 absent = Option::<&str>::None,
@@ -309,12 +334,39 @@ mod tests {
         let (ours, theirs) = (ours.text(), theirs.text());
         assert_eq!(ours.matches("literal message").count(), values.len());
         assert!(
-            ours.contains(
-                r#"mount{otel.kind="server" pod.name="web-0" type="raw" later="plain" count=7}"#
-            ),
+            ours.contains(r#"mount{pod.name="web-0" type="raw" later="plain" count=7}"#),
             "{ours}"
         );
         assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn the_text_log_leaves_the_opentelemetry_conventions_to_the_traces() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .fmt_fields(TextFields);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            let span = tracing::info_span!(
+                "mount",
+                otel.kind = "server",
+                rpc.system = "grpc",
+                pod.name = "web-0",
+                rpc.grpc.status_code = tracing::field::Empty,
+            );
+            span.record("rpc.grpc.status_code", 0);
+            let _entered = span.enter();
+            tracing::info!(code = "ok", "mount succeeded");
+        });
+        let text = buffer.text();
+        assert!(
+            text.contains(r#"mount{pod.name="web-0"}: "#) && text.contains(r#"code="ok""#),
+            "{text}"
+        );
+        assert!(!text.contains("otel.") && !text.contains("rpc."), "{text}");
     }
 
     fn text_of(spans: super::TextSpans) -> String {

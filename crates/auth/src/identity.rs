@@ -133,24 +133,28 @@ impl Credential {
 }
 
 impl fmt::Display for Credential {
+    /// The identity's words (as [`Identity`] writes them), then what tells this credential
+    /// from another of it; written straight, without making the identity first.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Credential::User {
+                namespace,
+                secret_name,
                 resource_version,
                 key_fingerprint,
                 ..
             } => write!(
                 f,
-                "{} (resourceVersion {resource_version}, key {key_fingerprint})",
-                self.identity()
+                "user principal from secret {namespace}/{secret_name} \
+                 (resourceVersion {resource_version}, key {key_fingerprint})"
             ),
             Credential::Workload {
+                namespace,
+                service_account,
                 service_account_uid,
-                ..
             } => write!(
                 f,
-                "{} (uid {})",
-                self.identity(),
+                "workload identity of service account {namespace}/{service_account} (uid {})",
                 service_account_uid.as_deref().unwrap_or("unknown")
             ),
             Credential::Instance { tenancy, instance } => {
@@ -179,5 +183,31 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.kind(), "workload");
         assert_eq!(a.to_string(), "workload identity of service account ns/sa");
+    }
+
+    #[test]
+    fn a_credential_is_written_as_its_identity_then_what_tells_it_apart() {
+        let credentials = [
+            Credential::User {
+                namespace: "ns".into(),
+                secret_name: "key".into(),
+                resource_version: "7".into(),
+                key_fingerprint: "aa:bb".into(),
+                user: "ocid1.user.oc1..u".into(),
+                tenancy: "ocid1.tenancy.oc1..t".into(),
+            },
+            Credential::Workload {
+                namespace: "ns".into(),
+                service_account: "sa".into(),
+                service_account_uid: None,
+            },
+        ];
+        let suffixes = [" (resourceVersion 7, key aa:bb)", " (uid unknown)"];
+        for (credential, suffix) in credentials.iter().zip(suffixes) {
+            assert_eq!(
+                credential.to_string(),
+                format!("{}{suffix}", credential.identity())
+            );
+        }
     }
 }

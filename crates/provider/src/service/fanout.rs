@@ -3,7 +3,6 @@
 //! the byte budget, the running total stopping the mount as soon as it passes its size
 //! limit, and the first permanent failure cancelling the rest.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
@@ -139,37 +138,54 @@ fn log_shared(credential: &auth::Credential, entries: &[EntryFiles]) {
     let reads = versions().count();
     let served = versions().filter(|(_, v)| shared(v)).count();
     span.record("upstream_calls", reads - served);
-    let in_span = span.field("served_without_oci").is_some() && !span.is_disabled();
-    if served == 0 || !(in_span || tracing::enabled!(tracing::Level::INFO)) {
+    if served == 0 {
         return;
     }
-    let mut list = String::new();
-    for (entry, version) in versions() {
-        if let EntryVersion::Secret {
-            secret_id,
-            version,
-            lookup,
-            ..
-        } = version
-            && lookup.is_shared()
-        {
-            let comma = if list.is_empty() { "" } else { ", " };
-            let _ = write!(
-                list,
-                "{comma}secrets[{}] {secret_id} version {version} ({})",
-                entry.index,
-                lookup.as_str()
-            );
-        }
-    }
-    let _ = write!(list, " as {credential}");
-    let served = list;
-    if in_span {
+    // Written where the line is made, if a line is: no string of it first.
+    let served = tracing::field::display(Served {
+        entries,
+        credential,
+    });
+    if span.field("served_without_oci").is_some() {
         span.record("served_without_oci", served);
     } else {
         tracing::info!(
             served_without_oci = served,
             "secrets served from the provider's cache (OCI's audit log does not see these reads)"
         );
+    }
+}
+
+/// `secrets[0] <OCID> version 1 (hit), ... as <credential>`: the entries a mount read
+/// without OCI, and as whom.
+struct Served<'a> {
+    entries: &'a [EntryFiles],
+    credential: &'a auth::Credential,
+}
+
+impl std::fmt::Display for Served<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut comma = "";
+        for entry in self.entries {
+            for version in &entry.versions {
+                if let EntryVersion::Secret {
+                    secret_id,
+                    version,
+                    lookup,
+                    ..
+                } = version
+                    && lookup.is_shared()
+                {
+                    write!(
+                        f,
+                        "{comma}secrets[{}] {secret_id} version {version} ({})",
+                        entry.index,
+                        lookup.as_str()
+                    )?;
+                    comma = ", ";
+                }
+            }
+        }
+        write!(f, " as {}", self.credential)
     }
 }
