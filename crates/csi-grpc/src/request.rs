@@ -307,29 +307,65 @@ fn json_position(err: &bounded::ParseError) -> String {
 fn parse_attributes(json: &str) -> Result<BTreeMap<String, String>, MountError> {
     const PREFIX: &str =
         "failed to unmarshal SecretProviderClass parameters or attributes provided by driver";
-    let object: BTreeMap<String, JsonString> = bounded::json::from_str(json, &REQUEST_JSON)
-        .map_err(|e| {
-            MountError::invalid_argument(format!(
-                "{PREFIX}: attributes must be a JSON object of strings ({})",
-                json_position(&e)
-            ))
-        })?;
-    let mut attributes = BTreeMap::new();
-    for (key, value) in object {
-        match value {
-            JsonString::Text(s) => {
-                attributes.insert(key, s);
-            }
-            // The value is not quoted: the tokens attribute carries credentials.
-            JsonString::Other(kind) => {
-                return Err(MountError::invalid_argument(format!(
-                    "{PREFIX}: attribute {} must be a string, not {kind}",
-                    bounded::quote(&key),
-                )));
+    let JsonObject(object) = bounded::json::from_str(json, &REQUEST_JSON).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "{PREFIX}: attributes must be a JSON object of strings ({})",
+            json_position(&e)
+        ))
+    })?;
+    // The value is not quoted: the tokens attribute carries credentials.
+    object.strings().map_err(|(key, kind)| {
+        MountError::invalid_argument(format!(
+            "{PREFIX}: attribute {} must be a string, not {kind}",
+            bounded::quote(&key),
+        ))
+    })
+}
+
+/// A JSON object read as its members in order: the map is built once, in bulk, from them
+/// sorted (the driver's Go encoder sends the keys sorted already).
+struct JsonObject(Members);
+
+struct Members(Vec<(String, JsonString)>);
+
+impl Members {
+    /// The members as a map of strings (the last of a repeated key, as JSON decoders
+    /// do), or the first member in key order whose value is not a string, and what it is.
+    fn strings(mut self) -> Result<BTreeMap<String, String>, (String, &'static str)> {
+        // Stable: of a repeated key the last stays last, and the map keeps it.
+        self.0.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut strings = Vec::with_capacity(self.0.len());
+        for (key, value) in self.0 {
+            match value {
+                JsonString::Text(text) => strings.push((key, text)),
+                JsonString::Other(kind) => return Err((key, kind)),
             }
         }
+        Ok(strings.into_iter().collect())
     }
-    Ok(attributes)
+}
+
+impl<'de> Deserialize<'de> for JsonObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = JsonObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<JsonObject, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some(member) = map.next_entry::<String, JsonString>()? {
+                    members.push(member);
+                }
+                Ok(JsonObject(Members(members)))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// A JSON object's value that should be a string: the string, or what it was instead (read
@@ -395,28 +431,22 @@ fn parse_secrets(json: &str) -> Result<BTreeMap<String, SecretString>, MountErro
     if trimmed.is_empty() || trimmed == "null" {
         return Ok(BTreeMap::new());
     }
-    let object: BTreeMap<String, JsonString> = bounded::json::from_str(trimmed, &REQUEST_JSON)
-        .map_err(|e| {
-            MountError::invalid_argument(format!(
-                "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
-                json_position(&e)
-            ))
-        })?;
-    let mut secrets = BTreeMap::new();
-    for (key, value) in object {
-        match value {
-            JsonString::Text(s) => {
-                secrets.insert(key, SecretString::from(s));
-            }
-            JsonString::Other(kind) => {
-                return Err(MountError::invalid_argument(format!(
-                    "failed to unmarshal node publish secrets: entry {} must be a string, not {kind}",
-                    bounded::quote(&key),
-                )));
-            }
-        }
-    }
-    Ok(secrets)
+    let JsonObject(object) = bounded::json::from_str(trimmed, &REQUEST_JSON).map_err(|e| {
+        MountError::invalid_argument(format!(
+            "failed to unmarshal node publish secrets: must be a JSON object of strings ({})",
+            json_position(&e)
+        ))
+    })?;
+    let secrets = object.strings().map_err(|(key, kind)| {
+        MountError::invalid_argument(format!(
+            "failed to unmarshal node publish secrets: entry {} must be a string, not {kind}",
+            bounded::quote(&key),
+        ))
+    })?;
+    Ok(secrets
+        .into_iter()
+        .map(|(key, value)| (key, SecretString::from(value)))
+        .collect())
 }
 
 #[derive(Deserialize)]
@@ -579,6 +609,21 @@ mod tests {
                     .is_empty()
             );
         }
+    }
+
+    #[test]
+    fn a_repeated_attribute_keeps_its_last_value_and_the_first_non_string_in_key_order_is_named() {
+        let attributes = parse_attributes(r#"{"b":"1","a":"2","b":"3"}"#).unwrap();
+        assert_eq!(
+            attributes.into_iter().collect::<Vec<_>>(),
+            [("a".into(), "2".into()), ("b".into(), "3".into())]
+        );
+        let err = parse_attributes(r#"{"z":1,"m":"ok","a":true}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("attribute \"a\" must be a string, not a boolean"),
+            "{err}"
+        );
     }
 
     #[test]
