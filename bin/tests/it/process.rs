@@ -68,7 +68,13 @@ pub struct Provider {
     pub metrics_port: u16,
     spawned: Spawned,
     _dir: tempfile::TempDir,
+    /// When [`Provider::metrics`] last had its answer.
+    last_scrape: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// The provider serves one rendering of `/metrics` for a second (`health.rs`'s
+/// `RENDER_EVERY`); a scrape this long after the previous one gets a new rendering.
+const RENDERED_AGAIN_AFTER: Duration = Duration::from_millis(1100);
 
 impl Provider {
     /// Spawns the binary on `socket` with loopback health and metrics ports.
@@ -157,6 +163,7 @@ impl Provider {
             metrics_port,
             spawned,
             _dir: dir,
+            last_scrape: std::sync::Mutex::new(None),
         }
     }
 
@@ -172,9 +179,17 @@ impl Provider {
             .unwrap_or(0)
     }
 
-    /// The text of /metrics.
+    /// The text of /metrics, rendered after this call began. The provider serves a rendering
+    /// again for a second, so a read within a second of this handle's previous one first
+    /// waits that out: what a test did between two reads always shows in the second.
     pub async fn metrics(&self) -> String {
-        http_get(self.metrics_port, "/metrics").await.1
+        let previous = *self.last_scrape.lock().unwrap();
+        if let Some(at) = previous {
+            tokio::time::sleep_until(at + RENDERED_AGAIN_AFTER).await;
+        }
+        let body = http_get(self.metrics_port, "/metrics").await.1;
+        *self.last_scrape.lock().unwrap() = Some(tokio::time::Instant::now());
+        body
     }
 
     pub async fn client(&self) -> Client {
