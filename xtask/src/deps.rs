@@ -239,7 +239,7 @@ fn binary_tree(args: &[&str]) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     /// ARCHITECTURE.md stays a map: at most 300 lines, no issue numbers, and every test it
     /// cites as proof of an invariant exists.
@@ -380,22 +380,7 @@ mod tests {
     }
 
     use crate::procs::root;
-
-    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                if !path.ends_with("target") {
-                    rust_files(&path, out);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
+    use crate::tidy::rust_files;
 
     /// Invariant 1 (one transport per process) is enforced by clippy's
     /// `disallowed-methods`/`disallowed-types` with `-D warnings` in `.ci/run`. This test

@@ -13,7 +13,7 @@ use http::{Method, Request, StatusCode};
 use zeroize::Zeroizing;
 
 use super::ahead::{ATTEMPT_TIMEOUT, Refresh};
-use super::{INSTANCE_RENEWAL_COOL_DOWN, Inner, REFRESH_MARGIN, fresh, refresh_at};
+use super::{INSTANCE_RENEWAL_COOL_DOWN, Inner, fresh, now_of, refresh_at, serves_until};
 use crate::error::{AuthError, Endpoint};
 use crate::remote::{build, error_detail, send};
 use crate::session::Invalidated;
@@ -195,16 +195,11 @@ impl Refresh for AheadRefresh {
     }
 
     fn now(&self) -> SystemTime {
-        self.inner
-            .upgrade()
-            .map_or_else(SystemTime::now, |inner| inner.now())
+        now_of(&self.inner)
     }
 
     fn serves_until(&self) -> SystemTime {
-        self.current
-            .exp
-            .checked_sub(REFRESH_MARGIN)
-            .unwrap_or(self.current.exp)
+        serves_until(self.current.exp)
     }
 
     async fn serves(&self) -> bool {

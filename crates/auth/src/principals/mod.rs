@@ -709,6 +709,19 @@ pub(crate) fn fresh(exp: SystemTime, now: SystemTime) -> bool {
     exp > now + REFRESH_MARGIN
 }
 
+/// Until when a token expiring at `exp` serves mounts: five minutes before it expires (the
+/// end of [`fresh`]).
+pub(crate) fn serves_until(exp: SystemTime) -> SystemTime {
+    exp.checked_sub(REFRESH_MARGIN).unwrap_or(exp)
+}
+
+/// The principals' clock, or the system's once they are dropped (a refresh outliving them).
+fn now_of(inner: &std::sync::Weak<Inner>) -> SystemTime {
+    inner
+        .upgrade()
+        .map_or_else(SystemTime::now, |inner| inner.now())
+}
+
 /// The op a fetch of the cache counts as: `refresh` when it replaces a `stale` credential.
 fn op<T>(stale: &Option<T>) -> &'static str {
     if stale.is_some() {

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use secrecy::{ExposeSecret as _, SecretString};
 
 use super::ahead::{ATTEMPT_TIMEOUT, Refresh};
-use super::{IdentityRequest, Inner, REFRESH_MARGIN, WorkloadMechanism, fresh};
+use super::{IdentityRequest, Inner, WorkloadMechanism, fresh, now_of, serves_until};
 use crate::error::AuthError;
 use crate::issuer::{NBF_LEEWAY, Refusal, Unverified};
 use crate::session::Invalidated;
@@ -516,16 +516,11 @@ impl Refresh for AheadRefresh {
     }
 
     fn now(&self) -> SystemTime {
-        self.inner
-            .upgrade()
-            .map_or_else(SystemTime::now, |inner| inner.now())
+        now_of(&self.inner)
     }
 
     fn serves_until(&self) -> SystemTime {
-        self.current
-            .exp
-            .checked_sub(REFRESH_MARGIN)
-            .unwrap_or(self.current.exp)
+        serves_until(self.current.exp)
     }
 
     async fn serves(&self) -> bool {

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use super::FileDescription;
 use super::run::{EntryOutcome, MountRun, Running, Start, Targets, gather_parts, list};
 use super::secret::{
-    SecretSpec, bundle_files, fetch_bundle, metered, secret_requests, source_and_vault,
+    SecretSpec, bundle_files, fetch_bundle, fetch_span, metered, secret_requests, source_and_vault,
 };
 use crate::contract::{ListingService, SecretsService};
 use crate::layers::budget::Metered;
@@ -23,17 +23,7 @@ pub(crate) fn start<'a, V: SecretsService, L: ListingService>(
     targets: &'a Targets,
 ) -> Start<'a> {
     Box::new(move || {
-        let span = tracing::info_span!(
-            "fetch secret",
-            entry = spec.index,
-            secret = %bounded::quote(spec.source.display()),
-            versions = spec.history.len(),
-            region = tracing::field::Empty,
-            lookup = tracing::field::Empty,
-            listing = tracing::field::Empty,
-            oci.request_id = tracing::field::Empty,
-            error.kind = tracing::field::Empty,
-        );
+        let span = fetch_span(spec);
         let requests = secret_requests(spec, targets, run.request.deadline);
         let services = (secrets.clone(), listings.clone());
         let recorded = span.clone();

@@ -15,6 +15,22 @@ use crate::layers::budget::{Metered, Refused};
 use crate::layers::failover::WithFailover;
 use crate::params::spec::{SecretSource, VersionSelector};
 
+/// The span of a secret entry's fetch (and of a version history's): its fields the region,
+/// lookup, listing, request id and error kind are recorded as the fetch goes.
+pub(crate) fn fetch_span(spec: &SecretSpec) -> tracing::Span {
+    tracing::info_span!(
+        "fetch secret",
+        entry = spec.index,
+        secret = %bounded::quote(spec.source.display()),
+        versions = spec.history.len(),
+        region = tracing::field::Empty,
+        lookup = tracing::field::Empty,
+        listing = tracing::field::Empty,
+        oci.request_id = tracing::field::Empty,
+        error.kind = tracing::field::Empty,
+    )
+}
+
 /// The entry ready to start: it then waits for a fan-out permit.
 pub(crate) fn start<'a, V: SecretsService>(
     run: &'a MountRun<'_>,
@@ -23,17 +39,7 @@ pub(crate) fn start<'a, V: SecretsService>(
     targets: &'a Targets,
 ) -> Start<'a> {
     Box::new(move || {
-        let span = tracing::info_span!(
-            "fetch secret",
-            entry = spec.index,
-            secret = %bounded::quote(spec.source.display()),
-            versions = spec.history.len(),
-            region = tracing::field::Empty,
-            lookup = tracing::field::Empty,
-            listing = tracing::field::Empty,
-            oci.request_id = tracing::field::Empty,
-            error.kind = tracing::field::Empty,
-        );
+        let span = fetch_span(spec);
         let requests = secret_requests(spec, targets, run.request.deadline);
         let secrets = secrets.clone();
         let recorded = span.clone();

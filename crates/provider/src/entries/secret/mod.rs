@@ -19,7 +19,9 @@ use super::FileDescription;
 mod fetch;
 mod files;
 
-pub(crate) use fetch::{bundle_files, fetch_bundle, metered, secret_entry, secret_requests, start};
+pub(crate) use fetch::{
+    bundle_files, fetch_bundle, fetch_span, metered, secret_entry, secret_requests, start,
+};
 pub(crate) use files::secret_files;
 
 /// One entry of the `secrets` parameter.
